@@ -1,0 +1,39 @@
+"""What a decoding method returns, and the one token-accounting rule every method obeys."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterable
+
+
+@dataclass
+class Generation:
+    """New tokens and raw counters of one generation. Derived numbers (τ, speedup) live in metrics.py."""
+
+    tokens: list[int]  # new tokens only: cut after the first EOS, capped at max_new_tokens
+    target_forwards: int = 0  # calls of the target model, prefill included
+    draft_forwards: int = 0  # calls of the draft model, prefill included
+    drafted: int = 0  # draft tokens proposed for verification
+    accepted: int = 0  # of those, accepted by the verifier
+    accept_lengths: list[int] = field(default_factory=list)  # per decoding step: tokens emitted (accepted + bonus)
+    extra: dict = field(default_factory=dict)  # method-specific raw counters
+
+
+def finalize_tokens(tokens: Iterable[int], max_new_tokens: int, eos_ids: set[int]) -> list[int]:
+    """Token accounting shared by all methods (DESIGN §2.3).
+
+    Keep tokens up to and including the first EOS, then cap at max_new_tokens. Methods that
+    overshoot (a bonus token after EOS, a draft past the budget) are truncated here.
+    """
+    out: list[int] = []
+    for tok in tokens:
+        if len(out) >= max_new_tokens:
+            break
+        out.append(int(tok))
+        if tok in eos_ids:
+            break
+    return out
+
+
+def is_finished(tokens: list[int], max_new_tokens: int, eos_ids: set[int]) -> bool:
+    """True once the budget is spent or an EOS was emitted."""
+    return len(tokens) >= max_new_tokens or any(t in eos_ids for t in tokens)

@@ -1,0 +1,30 @@
+"""Plain autoregressive decoding with the target alone: the baseline every speedup is measured against.
+
+Our own loop over a KV cache (no ``generate()``), one target forward per token. At temperature > 0
+it samples from the same processed distribution the speculative methods preserve.
+"""
+from __future__ import annotations
+
+from ..decoding.cached_lm import CachedLM
+from ..decoding.generation import Generation, finalize_tokens, is_finished
+from .base import DecodingMethod, NoTimeline
+
+
+class Greedy(DecodingMethod):
+    def generate(self, prompt_ids, max_new_tokens, eos_ids, timeline=NoTimeline()) -> Generation:
+        target = CachedLM(self.pair.target)
+        logits = target.forward(prompt_ids, keep_last=1)[-1]  # (V,)
+        timeline.mark("prefill")
+        out: list[int] = []
+        while True:
+            token, _ = self.sampler.pick(logits)
+            out.append(token)
+            if is_finished(out, max_new_tokens, eos_ids):
+                break
+            logits = target.forward([token])[-1]
+        tokens = finalize_tokens(out, max_new_tokens, eos_ids)
+        return Generation(
+            tokens=tokens,
+            target_forwards=target.forwards,
+            accept_lengths=[1] * (target.forwards - 1),  # one token per decoding forward: τ = 1
+        )

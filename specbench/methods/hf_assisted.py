@@ -1,0 +1,83 @@
+"""transformers' own assisted generation: ``target.generate(assistant_model=draft)``.
+
+Our reference "real client" baseline. Draft settings go on the draft's generation_config
+(transformers 5 silently ignores them as generate() kwargs): a fixed γ (``num_assistant_tokens``,
+schedule ``constant``) and ``assistant_confidence_threshold`` 0 so drafting never stops early.
+transformers returns no acceptance counts, so only forward counts are recorded (via module hooks
+that count calls; nothing in transformers is patched).
+"""
+from __future__ import annotations
+
+import copy
+
+import torch
+
+from ..decoding.generation import Generation, finalize_tokens
+from .base import DecodingMethod, NoTimeline, positive_int
+
+
+class CallCounter:
+    """Counts forward calls of a module while active (a forward pre-hook)."""
+
+    def __init__(self, module: torch.nn.Module):
+        self.module, self.calls, self._handle = module, 0, None
+
+    def __enter__(self):
+        self.calls = 0
+        self._handle = self.module.register_forward_pre_hook(self._count)
+        return self
+
+    def _count(self, *_):
+        self.calls += 1
+
+    def __exit__(self, *_):
+        self._handle.remove()
+
+
+class HFAssisted(DecodingMethod):
+    needs_draft = True
+
+    def __init__(self, pair, name: str, gamma: int = 4, schedule: str = "constant",
+                 confidence_threshold: float = 0.0, **sampling):
+        super().__init__(pair, name, **sampling)
+        self.gamma = positive_int(gamma, "method.gamma", "num_assistant_tokens, γ")
+        self.schedule = schedule
+        self.confidence_threshold = float(confidence_threshold)
+        self.seed = 0
+
+    def reset(self, seed: int = 0) -> None:
+        super().reset(seed)
+        self.seed = seed
+
+    def generation_config(self, max_new_tokens: int, eos_ids: set[int]):
+        config = copy.deepcopy(self.pair.target.generation_config)
+        config.max_new_tokens = max_new_tokens
+        config.min_new_tokens = None
+        config.eos_token_id = sorted(eos_ids) if eos_ids else None
+        config.pad_token_id = config.pad_token_id if config.pad_token_id is not None else (min(eos_ids) if eos_ids else 0)
+        config.do_sample = not self.sampler.greedy
+        config.temperature = self.sampler.temperature if config.do_sample else None
+        config.top_p = self.sampler.top_p if config.do_sample else None
+        config.top_k = None  # our sampler has no top-k; HF's default of 50 would change the distribution
+        config.repetition_penalty = None
+        return config
+
+    @torch.inference_mode()
+    def generate(self, prompt_ids, max_new_tokens, eos_ids, timeline=NoTimeline()) -> Generation:
+        draft_config = self.pair.draft.generation_config
+        draft_config.num_assistant_tokens = self.gamma
+        draft_config.num_assistant_tokens_schedule = self.schedule
+        draft_config.assistant_confidence_threshold = self.confidence_threshold
+        input_ids = torch.tensor([list(prompt_ids)], dtype=torch.long, device=self.pair.device)
+        if not self.sampler.greedy:
+            torch.manual_seed(self.seed)
+        with CallCounter(self.pair.target) as target_calls, CallCounter(self.pair.draft) as draft_calls:
+            out = self.pair.target.generate(
+                input_ids, attention_mask=torch.ones_like(input_ids), assistant_model=self.pair.draft,
+                generation_config=self.generation_config(max_new_tokens, eos_ids),
+            )
+        new = out[0, input_ids.shape[1]:].tolist()
+        return Generation(
+            tokens=finalize_tokens(new, max_new_tokens, eos_ids),
+            target_forwards=target_calls.calls, draft_forwards=draft_calls.calls,
+        )

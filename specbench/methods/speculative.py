@@ -1,0 +1,94 @@
+"""Speculative decoding (Leviathan et al. 2023; Chen et al. 2023) with a separate draft model.
+
+Each step: the draft proposes γ tokens autoregressively, the target scores all of them in ONE
+forward, the verifier keeps the longest acceptable prefix and adds the target's own next token.
+Greedy verification at temperature 0 (output identical to greedy), rejection sampling above it
+(output distributed exactly as the target's).
+
+The number of tokens drafted per step (the speculation lookahead, SL) is decided by
+``draft_length``/``keep_drafting``; adaptive policies override those and learn in ``observe``.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..decoding.cached_lm import CachedLM
+from ..decoding.generation import Generation, finalize_tokens, is_finished
+from ..decoding.verify import verify_greedy, verify_rejection
+from .base import DecodingMethod, NoTimeline, positive_int
+
+
+class SpeculativeDecoding(DecodingMethod):
+    needs_draft = True
+
+    def __init__(self, pair, name: str, gamma: int = 4, **sampling):
+        super().__init__(pair, name, **sampling)
+        self.gamma = positive_int(gamma, "method.gamma", "draft tokens per step, γ")
+
+    # -- speculation-lookahead policy hooks (fixed γ here) -------------------------------
+    def draft_length(self) -> int:
+        """Upper bound on tokens to draft this step."""
+        return self.gamma
+
+    def keep_drafting(self, position: int, draft_logits: torch.Tensor) -> bool:
+        """Called after each drafted token (position 1..); False stops the draft early."""
+        return True
+
+    def observe(self, accepted: int, drafted: int) -> None:
+        """Feedback after each verification step."""
+
+    # -- the loop ----------------------------------------------------------------------------
+    def generate(self, prompt_ids, max_new_tokens, eos_ids, timeline=NoTimeline()) -> Generation:
+        target, draft = CachedLM(self.pair.target), CachedLM(self.pair.draft)
+        gen = Generation(tokens=[])
+
+        # 1. Prefill both models; the target's prefill yields the first new token.
+        first, _ = self.sampler.pick(target.forward(prompt_ids, keep_last=1)[-1])
+        draft.forward(prompt_ids, keep_last=1)
+        timeline.mark("prefill")
+        tokens = list(prompt_ids) + [first]  # committed sequence; caches hold tokens[:-1] at most
+        out = [first]
+
+        while not is_finished(out, max_new_tokens, eos_ids):
+            # 2. Draft up to γ tokens, never more than the budget can use (the step adds one more).
+            limit = min(self.draft_length(), max_new_tokens - len(out) - 1)
+            proposal, draft_probs = self._draft(draft, tokens, limit, eos_ids)
+
+            # 3. Verify: one target forward over [last committed token, d_1..d_γ] -> (γ+1, V) logits.
+            target_logits = target.forward([tokens[-1]] + proposal)
+            if self.sampler.greedy:
+                n, next_token = verify_greedy(proposal, target_logits)
+            else:
+                target_probs = self.sampler.probs(target_logits)
+                n, next_token = verify_rejection(proposal, draft_probs, target_probs, self.sampler)
+
+            # 4. Commit d_1..d_n + next; drop rejected positions from both caches.
+            emitted = proposal[:n] + [next_token]
+            tokens += emitted
+            out += emitted
+            target.crop(len(tokens) - 1)
+            draft.crop(min(draft.length, len(tokens) - 1))
+            gen.drafted += len(proposal)
+            gen.accepted += n
+            gen.accept_lengths.append(n + 1)
+            self.observe(n, len(proposal))
+
+        gen.tokens = finalize_tokens(out, max_new_tokens, eos_ids)
+        gen.target_forwards, gen.draft_forwards = target.forwards, draft.forwards
+        return gen
+
+    def _draft(self, draft: CachedLM, tokens: list[int], limit: int, eos_ids: set[int]):
+        """Draft up to ``limit`` tokens after ``tokens``; returns (d_1..d_k, q as (k, V) or None)."""
+        proposal: list[int] = []
+        probs: list[torch.Tensor] = []
+        feed = tokens[draft.length:]  # committed tokens the draft has not read yet
+        while len(proposal) < limit:
+            logits = draft.forward(feed, keep_last=1)[-1]
+            token, q = self.sampler.pick(logits)
+            proposal.append(token)
+            probs.append(q)
+            feed = [token]
+            if token in eos_ids or not self.keep_drafting(len(proposal), logits):
+                break
+        draft_probs = torch.stack(probs) if probs and probs[0] is not None else None
+        return proposal, draft_probs

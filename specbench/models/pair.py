@@ -1,0 +1,69 @@
+"""The ModelPair every method receives, and helpers shared by the loaders."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import torch
+
+from ..errors import require
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+@dataclass
+class ModelPair:
+    name: str
+    target: torch.nn.Module
+    draft: torch.nn.Module | None
+    tokenizer: Any
+    eos_ids: set[int]
+    dtype: str = "float32"
+    chat_template: bool = False  # wrap prompts with the tokenizer's chat template
+    info: dict = field(default_factory=dict)  # what records carry: ids/paths, attention implementation ...
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.target.parameters()).device
+
+    def encode(self, prompt: str | Sequence[dict]) -> list[int]:
+        """Prompt text (or chat messages) -> token ids, applying the chat template when configured."""
+        if self.chat_template:
+            messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
+            ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+            if not isinstance(ids, list):  # BatchEncoding in newer transformers
+                ids = ids["input_ids"]
+            return [int(i) for i in ids]
+        return [int(i) for i in self.tokenizer(prompt, add_special_tokens=True)["input_ids"]]
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(list(ids), skip_special_tokens=True)
+
+
+def resolve_dtype(name: str, key: str = "model.dtype") -> torch.dtype:
+    require(name in DTYPES, key, f"unknown dtype {name!r}; valid: {sorted(DTYPES)}")
+    return DTYPES[name]
+
+
+def eos_ids_of(tokenizer, *models, extra: Sequence[int] = ()) -> set[int]:
+    """EOS ids from the tokenizer, the models' generation configs and any configured extras."""
+    ids: set[int] = set(int(i) for i in extra)
+    if tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    for model in models:
+        gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+        if gen_eos is not None:
+            ids.update([gen_eos] if isinstance(gen_eos, int) else gen_eos)
+    return ids
+
+
+def prepare_for_inference(model: torch.nn.Module, device: str | None = None) -> torch.nn.Module:
+    model.eval()
+    model.requires_grad_(False)
+    if device is not None:
+        model.to(device)
+    return model
+
+
+def attention_of(model: torch.nn.Module) -> str | None:
+    return getattr(model.config, "_attn_implementation", None)

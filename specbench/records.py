@@ -1,0 +1,67 @@
+"""The record schema and the append-only JSONL store that makes sweeps crash-safe and resumable.
+
+One line per (prompt, repeat), written with a single write + fsync as soon as it is produced. A
+line cut short by a crash is dropped (and the file repaired) on the next load, so re-running the
+same run redoes exactly the missing prompts.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from pathlib import Path
+
+SCHEMA_VERSION = 1
+
+
+def run_key(identity: dict) -> str:
+    """Stable short hash of everything that makes two runs' numbers comparable."""
+    blob = json.dumps(identity, sort_keys=True, default=str)
+    return hashlib.sha1(blob.encode()).hexdigest()[:12]
+
+
+def slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", str(text)).strip("_") or "x"
+
+
+class RecordStore:
+    def __init__(self, path: Path):
+        self.path = Path(path)
+
+    def load(self) -> list[dict]:
+        """All complete records; a truncated last line (crash mid-write) is cut off the file."""
+        if not self.path.exists():
+            return []
+        raw = self.path.read_bytes()
+        complete_len = raw.rfind(b"\n") + 1
+        if complete_len < len(raw):
+            with open(self.path, "r+b") as fh:
+                fh.truncate(complete_len)
+        records = []
+        for line in raw[:complete_len].splitlines():
+            if line.strip():
+                try:
+                    records.append(json.loads(line))
+                except json.JSONDecodeError:
+                    continue  # a corrupted line is skipped, never fatal; its prompt is redone
+        return records
+
+    def append(self, record: dict) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        line = (json.dumps(record, default=str) + "\n").encode()
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            while line:  # one O_APPEND write per record; loop only if the kernel writes short
+                line = line[os.write(fd, line):]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def write_json(path: Path, payload: dict) -> None:
+    """Atomic write (tmp + rename) for derived files such as the run summary."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(payload, indent=2, default=str))
+    tmp.replace(path)

@@ -1,0 +1,40 @@
+"""The summary table printed at the end of a run."""
+from __future__ import annotations
+
+from ..metrics import fmt
+
+COLUMNS = ("method", "prompts", "tokens", "tok/s", "ms/token", "speedup", "tau", "accept", "identical to greedy")
+
+
+def summary_rows(summaries: list[tuple[str, dict]]) -> list[list[str]]:
+    rows = []
+    for name, s in summaries:
+        identical = f"{s['identical']}/{s['compared']}" if s.get("compared") else "(baseline)" if s.get("is_baseline") else "-"
+        speedup = s.get("speedup")
+        speedup_txt = "-" if speedup is None else f"{speedup:.2f}x" + (f" ±{s['speedup_std']:.2f}" if s.get("speedup_std") else "")
+        rows.append([name, str(s.get("prompts", 0)), str(s.get("new_tokens", 0)), fmt(s.get("tok_per_s")),
+                     fmt(s.get("ms_per_token"), ".1f"), speedup_txt, fmt(s.get("tau")), fmt(s.get("acceptance_rate")),
+                     identical])
+    return rows
+
+
+def render_table(summaries: list[tuple[str, dict]]) -> str:
+    rows = [list(COLUMNS)] + summary_rows(summaries)
+    widths = [max(len(r[i]) for r in rows) for i in range(len(COLUMNS))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def render_headline(name: str, s: dict) -> str:
+    """The key numbers of the measured method, one per line."""
+    lines = [f"method: {name}",
+             f"tokens/s: {fmt(s.get('tok_per_s'))} (mean of per-prompt rates {fmt(s.get('tok_per_s_prompt_mean'))})",
+             f"latency per token: {fmt(s.get('ms_per_token'), '.1f')} ms"]
+    if s.get("speedup") is not None:
+        lines.append(f"speedup vs greedy: {s['speedup']:.2f}x")
+    lines.append(f"tau (mean tokens per target forward): {fmt(s.get('tau'))}")
+    lines.append(f"acceptance rate: {fmt(s.get('acceptance_rate'))}")
+    if s.get("compared"):
+        lines.append(f"identical to greedy: {s['identical']}/{s['compared']}")
+    return "\n".join(lines)

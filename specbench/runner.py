@@ -1,0 +1,123 @@
+"""The runner: warm-up, timing, one record per (prompt, repeat) appended as it finishes, resume.
+
+Everything outside ``method.generate`` (tokenisation, decoding to text, scoring, writing) happens
+outside the timed region. Methods are reset before every prompt (cold start).
+"""
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from tqdm import tqdm
+
+from .data import Example
+from .environment import environment
+from .methods.base import DecodingMethod
+from .models import ModelPair
+from .records import SCHEMA_VERSION, RecordStore, slug
+from .timing import Stopwatch
+
+
+@dataclass
+class RunSpec:
+    """Identity and storage of one run: a (pair, data, method, settings) combination."""
+
+    key: str
+    method: str
+    pair: str
+    data: str
+    records_dir: Path
+
+    @property
+    def store(self) -> RecordStore:
+        return RecordStore(self.records_dir / slug(self.pair) / slug(self.data) / f"{slug(self.method)}-{self.key}.jsonl")
+
+    @property
+    def summary_path(self) -> Path:
+        return self.store.path.with_suffix(".summary.json")
+
+
+class Runner:
+    def __init__(self, pair: ModelPair, max_new_tokens: int, warmup: int = 1, warmup_max_new_tokens: int = 16,
+                 repeats: int = 1, seed: int = 0, progress: bool = True, config: dict | None = None,
+                 tracker=None):
+        self.pair, self.max_new_tokens = pair, max_new_tokens
+        self.warmup, self.warmup_max_new_tokens = warmup, warmup_max_new_tokens
+        self.repeats, self.seed, self.progress = repeats, seed, progress
+        self.config = config or {}
+        self.tracker = tracker
+        self.stopwatch = Stopwatch(pair.device)
+        self.env = environment(pair.device)
+
+    def run(self, method: DecodingMethod, spec: RunSpec, examples: list[Example], warmup_example: Example) -> list[dict]:
+        """Generate for every (example, repeat) not yet recorded; return this selection's records."""
+        store = spec.store
+        wanted = {ex.id for ex in examples}
+        previous = [r for r in store.load() if r.get("run_key") == spec.key and r["prompt_id"] in wanted]
+        done = {(r["prompt_id"], r["repeat"]) for r in previous}
+        todo = [(rep, i, ex) for rep in range(self.repeats) for i, ex in enumerate(examples) if (ex.id, rep) not in done]
+        if previous:
+            print(f"[specbench] {spec.method}: resuming, {len(previous)} record(s) kept, {len(todo)} to run "
+                  f"({store.path})", file=sys.stderr)
+        if not todo:
+            return previous
+        self._warm_up(method, warmup_example)
+        records = list(previous)
+        bar = tqdm(total=len(todo), desc=spec.method, unit="prompt", disable=not self.progress, file=sys.stderr)
+        tokens_total, time_total = 0, 0.0
+        for repeat, index, example in todo:
+            record = self._measure(method, spec, example, index, repeat)
+            store.append(record)
+            if self.tracker is not None:
+                self.tracker.log_record(record)
+            records.append(record)
+            tokens_total += record["new_tokens"]
+            time_total += record["wall_s"]
+            bar.set_postfix(tok_s=f"{tokens_total / time_total:.2f}", last=f"{record['new_tokens'] / record['wall_s']:.2f}")
+            bar.update(1)
+        bar.close()
+        return records
+
+    def _warm_up(self, method: DecodingMethod, example: Example) -> None:
+        prompt_ids = self.pair.encode(example.prompt)
+        for _ in range(self.warmup):
+            method.reset(self.seed)
+            method.generate(prompt_ids, min(self.warmup_max_new_tokens, self.max_new_tokens), self.pair.eos_ids)
+
+    def _measure(self, method: DecodingMethod, spec: RunSpec, example: Example, index: int, repeat: int) -> dict:
+        prompt_ids = self.pair.encode(example.prompt)
+        method.reset(self.seed + index)
+        watch = self.stopwatch
+        watch.start()
+        gen = method.generate(prompt_ids, self.max_new_tokens, self.pair.eos_ids, timeline=watch)
+        wall = watch.stop()
+        return {
+            "schema": SCHEMA_VERSION,
+            "run_key": spec.key,
+            "method": spec.method,
+            "pair": spec.pair,
+            "data": spec.data,
+            "prompt_id": example.id,
+            "prompt_index": index,
+            "repeat": repeat,
+            "prompt_tokens": len(prompt_ids),
+            "max_new_tokens": self.max_new_tokens,
+            "output_ids": gen.tokens,
+            "output_text": self.pair.decode(gen.tokens),
+            "new_tokens": len(gen.tokens),
+            "wall_s": wall,
+            "prefill_s": watch.marks.get("prefill"),
+            "target_forwards": gen.target_forwards,
+            "draft_forwards": gen.draft_forwards,
+            "drafted": gen.drafted,
+            "accepted": gen.accepted,
+            "accept_lengths": gen.accept_lengths,
+            "extra": gen.extra,
+            "dtype": self.pair.dtype,
+            "timestamp": time.time(),
+            "env": self.env,
+            "model_info": self.pair.info,
+            "config": self.config,
+        }
