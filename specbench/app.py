@@ -80,6 +80,7 @@ def run(cfg: DictConfig) -> dict:
                     warmup_max_new_tokens=cfg.runner.warmup_max_new_tokens, repeats=cfg.runner.repeats,
                     seed=sampling["seed"], progress=cfg.runner.progress, config=config)
 
+    method = build(cfg.method, "method", pair=pair, **sampling)  # before any work: bad settings fail fast
     spec = spec_for(cfg, cfg.method)
     base_spec = spec_for(cfg, cfg.baseline)
     exact = sampling["temperature"] == 0
@@ -98,7 +99,6 @@ def run(cfg: DictConfig) -> dict:
         if baseline_records:
             summaries.append((cfg.baseline.name, {**summarize(baseline_records), "speedup": 1.0, "is_baseline": True}))
 
-    method = build(cfg.method, "method", pair=pair, **sampling)
     if tracker is not None:
         tracker.start(f"{spec.method}@{spec.pair}/{spec.data}", config)
         runner.tracker = tracker

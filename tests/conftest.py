@@ -1,0 +1,34 @@
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED_DATA = ROOT.parent / "shared" / "data"
+
+os.environ.setdefault("WANDB_MODE", "disabled")
+
+
+@pytest.fixture(scope="session")
+def tiny_llama():
+    from specbench.models.tiny import build_tiny_pair
+    return build_tiny_pair(name="tiny-llama", arch="llama")
+
+
+@pytest.fixture(scope="session")
+def tiny_gpt2():
+    from specbench.models.tiny import build_tiny_pair
+    return build_tiny_pair(name="tiny-gpt2", arch="gpt2")
+
+
+def run_cli(*overrides: str, records_dir: Path, check: bool = True, timeout: float = 300) -> subprocess.CompletedProcess:
+    """python -m specbench on a tiny model, records into records_dir, Hydra outputs beside it."""
+    args = [sys.executable, "-m", "specbench", "model=tiny_llama", f"runner.records_dir={records_dir}",
+            f"hydra.run.dir={records_dir.parent / 'hydra'}", f"hydra.sweep.dir={records_dir.parent / 'multirun'}",
+            "runner.progress=false", *overrides]
+    proc = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"exit {proc.returncode}\nSTDOUT:\n{proc.stdout}\nSTDERR:\n{proc.stderr}")
+    return proc

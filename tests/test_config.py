@@ -1,0 +1,123 @@
+"""Every config group composes; cheap groups instantiate; bad overrides name the key at fault."""
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.errors import ConfigCompositionException
+from omegaconf import OmegaConf
+
+from specbench.app import build, spec_for, validate_runner
+from specbench.errors import ConfigError
+
+from .conftest import ROOT, run_cli
+
+CONF = ROOT / "conf"
+
+
+def options(group: str) -> list[str]:
+    return sorted(p.stem for p in (CONF / group).glob("*.yaml"))
+
+
+def composed(*overrides):
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return compose(config_name="config", overrides=list(overrides))
+
+
+@pytest.mark.parametrize("group", ["model", "data", "method", "logger"])
+def test_every_option_composes(group):
+    assert options(group), f"conf/{group} is empty"
+    for name in options(group):
+        cfg = composed(f"{group}={name}")
+        node = cfg[group]
+        assert node._target_.startswith("specbench."), f"{group}/{name} has no specbench _target_"
+        OmegaConf.to_container(node, resolve=True)
+        if group in ("model", "data", "method"):
+            assert node.name, f"{group}/{name} needs a name"
+
+
+def test_default_config_and_baseline():
+    cfg = composed()
+    validate_runner(cfg)
+    assert cfg.model.name == "qwen2.5-coder-1.5b-0.5b"
+    assert cfg.baseline.name == "greedy"
+    assert cfg.hydra.job.chdir is False if "hydra" in cfg else True
+
+
+@pytest.mark.parametrize("name", ["gsm8k", "humaneval"])
+def test_datasets_instantiate_offline(name):
+    data = build(composed(f"data={name}", "data.limit=3").data, "data")
+    examples = data.examples()
+    assert len(examples) == 3 and all(ex.prompt for ex in examples)
+    assert data.warmup_example().id not in {ex.id for ex in examples}
+    assert data.max_new_tokens == {"gsm8k": 256, "humaneval": 512}[name]
+
+
+def test_dataset_limit_takes_first_of_fixed_sample():
+    data5 = build(composed("data=gsm8k", "data.limit=5").data, "data")
+    data3 = build(composed("data=gsm8k", "data.limit=3").data, "data")
+    ids5 = [ex.id for ex in data5.examples()]
+    assert [ex.id for ex in data3.examples()] == ids5[:3]
+    assert len(build(composed("data=gsm8k").data, "data").examples()) == 100
+
+
+def test_humaneval_is_all_164_in_order():
+    ids = [ex.id for ex in build(composed("data=humaneval").data, "data").examples()]
+    assert len(ids) == 164 and ids[0] == "HumanEval/0" and ids[-1] == "HumanEval/163"
+
+
+def test_data_path_override_reads_local_file(tmp_path):
+    path = tmp_path / "mini.jsonl"
+    path.write_text('{"question": "1+1?", "answer": "#### 2"}\n{"question": "2+2?", "answer": "#### 4"}\n')
+    data = build(composed("data=gsm8k", f"data.path={path}").data, "data")
+    assert [ex.reference for ex in data.examples()] == ["#### 2", "#### 4"]
+
+
+@pytest.mark.parametrize("name", ["tiny_llama", "tiny_gpt2"])
+def test_tiny_pairs_and_methods_instantiate(name):
+    cfg = composed(f"model={name}")
+    pair = build(cfg.model, "model")
+    for method in options("method"):
+        obj = build(composed(f"method={method}").method, "method", pair=pair, temperature=0.0, top_p=1.0, seed=0)
+        assert obj.name == method
+
+
+def test_hub_pair_offline_error_names_the_pair():
+    with pytest.raises(ConfigError, match=r"model\.(tokenizer|target).*vicuna-13b-68m"):
+        build(composed("model=vicuna_13b_68m").model, "model")
+
+
+def test_run_key_ignores_limit_but_not_gamma():
+    a = spec_for(composed("data.limit=2"), composed("data.limit=2").method)
+    b = spec_for(composed("data.limit=7"), composed("data.limit=7").method)
+    c = spec_for(composed("method.gamma=6"), composed("method.gamma=6").method)
+    assert a.key == b.key != c.key
+
+
+def test_unknown_method_is_named():
+    with pytest.raises(ConfigCompositionException, match="method/nosuch"):
+        composed("method=nosuch")
+
+
+def test_unknown_pair_is_named():
+    with pytest.raises(ConfigCompositionException, match="model/nosuch"):
+        composed("model=nosuch")
+
+
+def test_cli_bad_overrides_fail_with_the_key(tmp_path):
+    records = tmp_path / "records"
+    cases = {
+        ("method=nosuch",): "method",
+        ("model=nosuch",): "model",
+        ("method.gamma=-1",): "method.gamma",
+        ("method.gamma=0",): "method.gamma",
+        (f"data.path={tmp_path / 'missing.jsonl'}",): "data.path",
+        ("data.limit=0",): "data.limit",
+        ("runner.baseline=sometimes",): "runner.baseline",
+        ("sampling.temperature=-0.5",): "sampling.temperature",
+    }
+    for overrides, key in cases.items():
+        proc = run_cli(*overrides, "data.limit=1", records_dir=records, check=False) if "data.limit=0" not in overrides \
+            else run_cli(*overrides, records_dir=records, check=False)
+        assert proc.returncode != 0, overrides
+        assert key in proc.stderr, (overrides, proc.stderr[-2000:])
+    assert not any(records.rglob("*.jsonl")), "a failed configuration must not write records"
