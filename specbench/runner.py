@@ -63,12 +63,12 @@ class Runner:
                   f"({store.path})", file=sys.stderr)
         if not todo:
             return previous
-        self._warm_up(method, warmup_example)
+        self.warm_up(method, warmup_example)
         records = list(previous)
         bar = tqdm(total=len(todo), desc=spec.method, unit="prompt", disable=not self.progress, file=sys.stderr)
         tokens_total, time_total = 0, 0.0
         for repeat, index, example in todo:
-            record = self._measure(method, spec, example, index, repeat)
+            record = self.measure(method, spec, example, index, repeat)
             store.append(record)
             if self.tracker is not None:
                 self.tracker.log_record(record)
@@ -80,13 +80,13 @@ class Runner:
         bar.close()
         return records
 
-    def _warm_up(self, method: DecodingMethod, example: Example) -> None:
+    def warm_up(self, method: DecodingMethod, example: Example) -> None:
         prompt_ids = self.pair.encode(example.prompt)
         for _ in range(self.warmup):
             method.reset(self.seed)
             method.generate(prompt_ids, min(self.warmup_max_new_tokens, self.max_new_tokens), self.pair.eos_ids)
 
-    def _measure(self, method: DecodingMethod, spec: RunSpec, example: Example, index: int, repeat: int) -> dict:
+    def measure(self, method: DecodingMethod, spec: RunSpec, example: Example, index: int, repeat: int) -> dict:
         prompt_ids = self.pair.encode(example.prompt)
         method.reset(self.seed + index)
         watch = self.stopwatch

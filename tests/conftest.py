@@ -25,7 +25,10 @@ def tiny_gpt2():
 
 def run_cli(*overrides: str, records_dir: Path, check: bool = True, timeout: float = 300) -> subprocess.CompletedProcess:
     """python -m specbench on a tiny model, records into records_dir, Hydra outputs beside it."""
-    args = [sys.executable, "-m", "specbench", "model=tiny_llama", f"runner.records_dir={records_dir}",
+    flags = [o for o in overrides if o.startswith("-")]
+    overrides = tuple(o for o in overrides if not o.startswith("-"))
+    model = [] if any(o.startswith("model=") for o in overrides) else ["model=tiny_llama"]
+    args = [sys.executable, "-m", "specbench", *flags, *model, f"runner.records_dir={records_dir}",
             f"hydra.run.dir={records_dir.parent / 'hydra'}", f"hydra.sweep.dir={records_dir.parent / 'multirun'}",
             "runner.progress=false", *overrides]
     proc = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=timeout)

