@@ -3,6 +3,8 @@
 Random prompts, γ and budgets; EOS ids are picked from tokens greedy actually emits, so EOS lands
 inside drafts, and budgets small enough to end in the middle of a draft.
 """
+import os
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -13,12 +15,13 @@ from specbench.methods.speculative import SpeculativeDecoding
 from specbench.models.tiny import build_tiny_pair
 
 PAIRS = {}
+DEVICE = os.environ.get("SPECBENCH_TEST_DEVICE", "cpu")  # e.g. cuda, to check the GPU code path
 
 
 def pair_for(arch: str, noise: float):
     key = (arch, noise)
     if key not in PAIRS:
-        PAIRS[key] = build_tiny_pair(name=f"tiny-{arch}", arch=arch, draft_noise=noise)
+        PAIRS[key] = build_tiny_pair(name=f"tiny-{arch}", arch=arch, draft_noise=noise, device=DEVICE)
     return PAIRS[key]
 
 
