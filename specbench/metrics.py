@@ -28,10 +28,9 @@ def rate(records) -> float | None:
 
 
 def tau(records) -> float | None:
-    """Mean tokens emitted per target forward while decoding (bonus/correction token included).
-
-    From per-step accept lengths when the method reports them; otherwise (hf_assisted, whose first
-    target forward is prefill + verification) new tokens / target forwards.
+    """τ: mean tokens emitted per target forward, the prompt-reading forward included (bonus/correction
+    token counted). From per-step accept lengths when the method reports them, otherwise (hf_assisted)
+    new tokens / target forwards, which is the same quantity.
     """
     steps = [n for r in records for n in (r.get("accept_lengths") or [])]
     if steps:

@@ -44,35 +44,38 @@ def greedy_reference(pair, prompt, max_new_tokens, eos_pick):
     return Greedy(pair, "greedy").generate(prompt, max_new_tokens, eos), eos
 
 
+def generate_and_compare(method_class, name, case):
+    """Run one method on a case and assert its tokens equal greedy's; returns the Generation."""
+    pair = pair_for(case["arch"], case["noise"])
+    ref, eos = greedy_reference(pair, case["prompt"], case["max_new_tokens"], case["eos_pick"])
+    gen = method_class(pair, name, gamma=case["gamma"]).generate(case["prompt"], case["max_new_tokens"], eos)
+    assert gen.tokens == ref.tokens
+    return gen
+
+
 @SETTINGS
 @given(case=cases)
 def test_speculative_equals_greedy(case):
-    pair = pair_for(case["arch"], case["noise"])
-    ref, eos = greedy_reference(pair, case["prompt"], case["max_new_tokens"], case["eos_pick"])
-    gen = SpeculativeDecoding(pair, "speculative", gamma=case["gamma"]).generate(case["prompt"], case["max_new_tokens"], eos)
-    assert gen.tokens == ref.tokens
+    gen = generate_and_compare(SpeculativeDecoding, "speculative", case)
     # raw counters are consistent with the tokens
     assert gen.accepted <= gen.drafted
-    assert gen.target_forwards == 1 + len(gen.accept_lengths)
-    assert sum(gen.accept_lengths) >= len(gen.tokens) - 1  # the last step may be cut at EOS/budget
+    assert gen.target_forwards == len(gen.accept_lengths)
+    assert sum(gen.accept_lengths) >= len(gen.tokens)  # the last step may be cut at EOS/budget
     assert all(1 <= n <= case["gamma"] + 1 for n in gen.accept_lengths)
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(case=cases)
 def test_hf_assisted_equals_greedy(case):
-    pair = pair_for(case["arch"], case["noise"])
-    ref, eos = greedy_reference(pair, case["prompt"], case["max_new_tokens"], case["eos_pick"])
-    gen = HFAssisted(pair, "hf_assisted", gamma=case["gamma"]).generate(case["prompt"], case["max_new_tokens"], eos)
-    assert gen.tokens == ref.tokens
+    generate_and_compare(HFAssisted, "hf_assisted", case)
 
 
 def test_full_acceptance_emits_gamma_plus_one_per_step():
     pair = pair_for("llama", 0.0)
-    gen = SpeculativeDecoding(pair, "speculative", gamma=4).generate([5, 6, 7], 31, set())
-    assert len(gen.tokens) == 31
-    assert gen.accept_lengths == [5] * 6  # 1 token from prefill + 6 steps x (4 accepted + bonus)
-    assert gen.accepted == gen.drafted == 24
+    gen = SpeculativeDecoding(pair, "speculative", gamma=4).generate([5, 6, 7], 30, set())
+    assert len(gen.tokens) == 30
+    assert gen.accept_lengths == [5] * 6  # 6 steps x (4 accepted + bonus); the first also reads the prompt
+    assert gen.accepted == gen.drafted == 24 and gen.target_forwards == 6 and gen.draft_forwards == 24
 
 
 def test_budget_of_one_token_needs_no_draft():
@@ -85,4 +88,4 @@ def test_budget_of_one_token_needs_no_draft():
 def test_greedy_counts_one_forward_per_token(arch):
     pair = pair_for(arch, 0.05)
     gen = Greedy(pair, "greedy").generate([9, 10, 11], 17, set())
-    assert len(gen.tokens) == 17 and gen.target_forwards == 17 and gen.accept_lengths == [1] * 16
+    assert len(gen.tokens) == 17 and gen.target_forwards == 17 and gen.accept_lengths == [1] * 17

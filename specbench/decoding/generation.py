@@ -14,7 +14,7 @@ class Generation:
     draft_forwards: int = 0  # calls of the draft model, prefill included
     drafted: int = 0  # draft tokens proposed for verification
     accepted: int = 0  # of those, accepted by the verifier
-    accept_lengths: list[int] = field(default_factory=list)  # per decoding step: tokens emitted (accepted + bonus)
+    accept_lengths: list[int] = field(default_factory=list)  # per target forward: tokens emitted (accepted + bonus)
     extra: dict = field(default_factory=dict)  # method-specific raw counters
 
 

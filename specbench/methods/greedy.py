@@ -26,5 +26,5 @@ class Greedy(DecodingMethod):
         return Generation(
             tokens=tokens,
             target_forwards=target.forwards,
-            accept_lengths=[1] * (target.forwards - 1),  # one token per decoding forward: τ = 1
+            accept_lengths=[1] * target.forwards,  # one token per target forward (prefill included): τ = 1
         )

@@ -53,7 +53,8 @@ class HFAssisted(DecodingMethod):
         config = copy.deepcopy(self.pair.target.generation_config)
         config.max_new_tokens = max_new_tokens
         config.min_new_tokens = None
-        config.eos_token_id = sorted(eos_ids) if eos_ids else None
+        # no EOS wanted: an id no token has (None would fall back to the model's default EOS)
+        config.eos_token_id = sorted(eos_ids) if eos_ids else [-1]
         config.pad_token_id = config.pad_token_id if config.pad_token_id is not None else (min(eos_ids) if eos_ids else 0)
         config.do_sample = not self.sampler.greedy
         config.temperature = self.sampler.temperature if config.do_sample else None

@@ -1,7 +1,8 @@
 """Speculative decoding (Leviathan et al. 2023; Chen et al. 2023) with a separate draft model.
 
 Each step: the draft proposes γ tokens autoregressively, the target scores all of them in ONE
-forward, the verifier keeps the longest acceptable prefix and adds the target's own next token.
+forward (the first step's forward also reads the prompt: prefill and verification share it), and
+the verifier keeps the longest acceptable prefix and adds the target's own next token.
 Greedy verification at temperature 0 (output identical to greedy), rejection sampling above it
 (output distributed exactly as the target's).
 
@@ -41,28 +42,26 @@ class SpeculativeDecoding(DecodingMethod):
     def generate(self, prompt_ids, max_new_tokens, eos_ids, timeline=NoTimeline()) -> Generation:
         target, draft = CachedLM(self.pair.target), CachedLM(self.pair.draft)
         gen = Generation(tokens=[])
-
-        # 1. Prefill both models; the target's prefill yields the first new token.
-        first, _ = self.sampler.pick(target.forward(prompt_ids, keep_last=1)[-1])
-        draft.forward(prompt_ids, keep_last=1)
-        timeline.mark("prefill")
-        tokens = list(prompt_ids) + [first]  # committed sequence; caches hold tokens[:-1] at most
-        out = [first]
+        tokens = list(prompt_ids)  # committed sequence; after each step the target's cache holds tokens[:-1]
+        out: list[int] = []
 
         while not is_finished(out, max_new_tokens, eos_ids):
-            # 2. Draft up to γ tokens, never more than the budget can use (the step adds one more).
+            # 1. Draft up to γ tokens, never more than the budget can use (the step adds one more).
+            #    The first step's draft forward reads the whole prompt (the draft's prefill).
             limit = min(self.draft_length(), max_new_tokens - len(out) - 1)
             proposal, draft_probs = self._draft(draft, tokens, limit, eos_ids)
 
-            # 3. Verify: one target forward over [last committed token, d_1..d_γ] -> (γ+1, V) logits.
-            target_logits = target.forward([tokens[-1]] + proposal)
+            # 2. Verify: one target forward over what it has not read (the whole prompt on the first
+            #    step, so prefill and the first verification share a forward) + d_1..d_γ -> (γ+1, V).
+            target_logits = target.forward(tokens[target.length:] + proposal, keep_last=len(proposal) + 1)
+            timeline.mark("prefill")  # first call only: time to the first new token
             if self.sampler.greedy:
                 n, next_token = verify_greedy(proposal, target_logits)
             else:
                 target_probs = self.sampler.probs(target_logits)
                 n, next_token = verify_rejection(proposal, draft_probs, target_probs, self.sampler)
 
-            # 4. Commit d_1..d_n + next; drop rejected positions from both caches.
+            # 3. Commit d_1..d_n + next; drop rejected positions from both caches.
             emitted = proposal[:n] + [next_token]
             tokens += emitted
             out += emitted
