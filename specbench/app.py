@@ -91,8 +91,7 @@ def run(cfg: DictConfig) -> dict:
             baseline = build(cfg.baseline, "baseline", pair=pair, **sampling)
             baseline_records = runner.run(baseline, base_spec, examples, warmup_example)
         else:
-            wanted = {ex.id for ex in examples}
-            baseline_records = [r for r in base_spec.store.load() if r["prompt_id"] in wanted] or None
+            baseline_records = base_spec.records_for(examples) or None
             if baseline_records is None:
                 print(f"[specbench] no {cfg.baseline.name} baseline records for this pair/data/settings; speedup "
                       "and identity need them: re-run with runner.baseline=auto", file=sys.stderr)
@@ -103,7 +102,7 @@ def run(cfg: DictConfig) -> dict:
         tracker.start(f"{spec.method}@{spec.pair}/{spec.data}", config)
         runner.tracker = tracker
     records = runner.run(method, spec, examples, warmup_example)
-    summary = summarize(records, baseline_records, exact=exact) if baseline_records else summarize(records)
+    summary = summarize(records, baseline_records, exact=exact)
     if base_spec.key == spec.key:
         summary.update(speedup=1.0, is_baseline=True)
     summary.update(run_key=spec.key, method=spec.method, pair=spec.pair, data=spec.data,

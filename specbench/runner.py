@@ -34,6 +34,11 @@ class RunSpec:
     def store(self) -> RecordStore:
         return RecordStore(self.records_dir / slug(self.pair) / slug(self.data) / f"{slug(self.method)}-{self.key}.jsonl")
 
+    def records_for(self, examples: list[Example]) -> list[dict]:
+        """This run's stored records for the given prompts (the store may hold more prompts)."""
+        wanted = {ex.id for ex in examples}
+        return [r for r in self.store.load() if r.get("run_key") == self.key and r["prompt_id"] in wanted]
+
     @property
     def summary_path(self) -> Path:
         return self.store.path.with_suffix(".summary.json")
@@ -54,8 +59,7 @@ class Runner:
     def run(self, method: DecodingMethod, spec: RunSpec, examples: list[Example], warmup_example: Example) -> list[dict]:
         """Generate for every (example, repeat) not yet recorded; return this selection's records."""
         store = spec.store
-        wanted = {ex.id for ex in examples}
-        previous = [r for r in store.load() if r.get("run_key") == spec.key and r["prompt_id"] in wanted]
+        previous = spec.records_for(examples)
         done = {(r["prompt_id"], r["repeat"]) for r in previous}
         todo = [(rep, i, ex) for rep in range(self.repeats) for i, ex in enumerate(examples) if (ex.id, rep) not in done]
         if previous:

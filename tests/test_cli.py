@@ -107,3 +107,15 @@ def test_wandb_offline_logging(tmp_path):
     runs = list((tmp_path / "wandb").rglob("offline-run-*"))
     assert runs, "an offline W&B run directory is written"
     assert any(p.suffix == ".wandb" for p in runs[0].rglob("*"))
+
+
+def test_baseline_skip_uses_existing_records_or_says_how_to_get_them(tmp_path):
+    records = tmp_path / "records"
+    proc = run_cli("method=speculative", "runner.baseline=skip", "data.limit=2", "data.max_new_tokens=8",
+                   records_dir=records)
+    assert "re-run with runner.baseline=auto" in proc.stderr and "speedup vs greedy" not in proc.stdout
+    assert not list(records.rglob("greedy-*.jsonl"))
+    run_cli("method=greedy", "data.limit=2", "data.max_new_tokens=8", records_dir=records)
+    proc = run_cli("method=speculative", "runner.baseline=skip", "data.limit=2", "data.max_new_tokens=8",
+                   records_dir=records)
+    assert "identical to greedy: 2/2" in proc.stdout
