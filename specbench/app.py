@@ -96,15 +96,13 @@ def run(cfg: DictConfig) -> dict:
                 print(f"[specbench] no {cfg.baseline.name} baseline records for this pair/data/settings; speedup "
                       "and identity need them: re-run with runner.baseline=auto", file=sys.stderr)
         if baseline_records:
-            summaries.append((cfg.baseline.name, {**summarize(baseline_records), "speedup": 1.0, "is_baseline": True}))
+            summaries.append((cfg.baseline.name, summarize(baseline_records, is_baseline=True)))
 
     if tracker is not None:
         tracker.start(f"{spec.method}@{spec.pair}/{spec.data}", config)
         runner.tracker = tracker
     records = runner.run(method, spec, examples, warmup_example)
-    summary = summarize(records, baseline_records, exact=exact)
-    if base_spec.key == spec.key:
-        summary.update(speedup=1.0, is_baseline=True)
+    summary = summarize(records, baseline_records, exact=exact, is_baseline=base_spec.key == spec.key)
     summary.update(run_key=spec.key, method=spec.method, pair=spec.pair, data=spec.data,
                    baseline_run_key=base_spec.key, records=str(spec.store.path))
     write_json(spec.summary_path, summary)

@@ -49,8 +49,8 @@ def main(argv=None) -> dict:
     sampling = dict(temperature=0.0, top_p=1.0, seed=0)
     built = {}
     for name, cfg in method_cfgs.items():
-        extra = {"gamma": args.gamma} if "gamma" in cfg else {}
-        cfg.update(extra)
+        if "gamma" in cfg:
+            cfg.gamma = args.gamma
         built[name] = build(cfg, "method", pair=pair, **sampling)
     runner = Runner(pair, args.max_new_tokens, warmup=args.warmup, progress=False)
     out = Path(args.out) / time.strftime("%Y%m%d-%H%M%S")
@@ -70,8 +70,7 @@ def main(argv=None) -> dict:
                 print(f"{dataset.name} {example.id:>14} {name:<12} {record['new_tokens']:4d} tok "
                       f"{record['wall_s']:7.2f} s  {record['new_tokens'] / record['wall_s']:6.2f} tok/s", flush=True)
     baseline = records[methods[0]]
-    summaries = {name: summarize(recs, None if name == methods[0] else baseline) for name, recs in records.items()}
-    summaries[methods[0]].update(speedup=1.0, is_baseline=True)
+    summaries = {name: summarize(recs, baseline, is_baseline=name == methods[0]) for name, recs in records.items()}
     print(render_table(list(summaries.items())))
     result = {"pair": pair.name, "max_new_tokens": args.max_new_tokens, "gamma": args.gamma,
               "summaries": {k: {kk: vv for kk, vv in v.items() if kk != "first_divergence"} for k, v in summaries.items()}}

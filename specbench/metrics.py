@@ -71,10 +71,12 @@ def losslessness(records, baseline) -> dict:
     return {"identical": identical, "compared": len(per_prompt), "first_divergence": per_prompt}
 
 
-def summarize(records: list[dict], baseline: list[dict] | None = None, exact: bool = True) -> dict:
+def summarize(records: list[dict], baseline: list[dict] | None = None, exact: bool = True,
+              is_baseline: bool = False) -> dict:
     """The run summary row. ``baseline``: the greedy run's records on the same pair/data/settings.
 
     exact: compare output ids with the baseline's (temperature 0); sampled outputs are not compared.
+    is_baseline: these records are the baseline itself (speedup 1 by definition, nothing to compare).
     """
     if not records:
         return {"prompts": 0}
@@ -100,7 +102,10 @@ def summarize(records: list[dict], baseline: list[dict] | None = None, exact: bo
         "target_forwards": sum(r.get("target_forwards") or 0 for r in records),
         "draft_forwards": sum(r.get("draft_forwards") or 0 for r in records),
     }
-    summary.update(compare(records, baseline, exact) if baseline else {"speedup": None})
+    if is_baseline:
+        summary.update(speedup=1.0, is_baseline=True)
+    else:
+        summary.update(compare(records, baseline, exact) if baseline else {"speedup": None})
     return summary
 
 
