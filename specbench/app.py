@@ -78,7 +78,8 @@ def run(cfg: DictConfig) -> dict:
     config = OmegaConf.to_container(cfg, resolve=True)
     runner = Runner(pair, dataset.max_new_tokens, warmup=cfg.runner.warmup,
                     warmup_max_new_tokens=cfg.runner.warmup_max_new_tokens, repeats=cfg.runner.repeats,
-                    seed=sampling["seed"], progress=cfg.runner.progress, config=config)
+                    seed=sampling["seed"], progress=cfg.runner.progress, config=config,
+                    scorer=dataset.scorer, chat=dataset.chat_template)
 
     method = build(cfg.method, "method", pair=pair, **sampling)  # before any work: bad settings fail fast
     spec = spec_for(cfg, cfg.method)

@@ -10,6 +10,8 @@ import math
 import statistics
 from collections import defaultdict
 
+from .scoring import aggregate_scores
+
 
 def _mean(values):
     values = [v for v in values if v is not None]
@@ -101,6 +103,7 @@ def summarize(records: list[dict], baseline: list[dict] | None = None, exact: bo
         "acceptance_rate": acceptance_rate(records),
         "target_forwards": sum(r.get("target_forwards") or 0 for r in records),
         "draft_forwards": sum(r.get("draft_forwards") or 0 for r in records),
+        "accuracy": aggregate_scores(records),
     }
     if is_baseline:
         summary.update(speedup=1.0, is_baseline=True)

@@ -1,7 +1,10 @@
 """The runner: warm-up, timing, one record per (prompt, repeat) appended as it finishes, resume.
 
 Everything outside ``method.generate`` (tokenisation, decoding to text, scoring, writing) happens
-outside the timed region. Methods are reset before every prompt (cold start).
+outside the timed region. Methods are reset before every prompt (cold start), not between the turns
+of one conversation. A multi-turn example (MT-Bench) generates turn by turn, each turn's prompt
+holding the earlier answers; its record sums time and counters over turns and keeps each turn in
+``turns``. The dataset's scorer fills the record's ``score`` before the record is written.
 """
 from __future__ import annotations
 
@@ -47,8 +50,9 @@ class RunSpec:
 class Runner:
     def __init__(self, pair: ModelPair, max_new_tokens: int, warmup: int = 1, warmup_max_new_tokens: int = 16,
                  repeats: int = 1, seed: int = 0, progress: bool = True, config: dict | None = None,
-                 tracker=None):
+                 tracker=None, scorer=None, chat: bool | None = None):
         self.pair, self.max_new_tokens = pair, max_new_tokens
+        self.scorer, self.chat = scorer, chat
         self.warmup, self.warmup_max_new_tokens = warmup, warmup_max_new_tokens
         self.repeats, self.seed, self.progress = repeats, seed, progress
         self.config = config or {}
@@ -85,19 +89,24 @@ class Runner:
         return records
 
     def warm_up(self, method: DecodingMethod, example: Example) -> None:
-        prompt_ids = self.pair.encode(example.prompt)
+        prompt_ids = self.encode([{"role": "user", "content": example.prompt}], len(example.turns) > 1)
         for _ in range(self.warmup):
             method.reset(self.seed)
             method.generate(prompt_ids, min(self.warmup_max_new_tokens, self.max_new_tokens), self.pair.eos_ids)
 
+    def encode(self, messages: list[dict], conversation: bool) -> list[int]:
+        """A single-turn example encodes its prompt text; a multi-turn one the whole conversation so far."""
+        return self.pair.encode(messages if conversation else messages[-1]["content"], chat=self.chat)
+
     def measure(self, method: DecodingMethod, spec: RunSpec, example: Example, index: int, repeat: int) -> dict:
-        prompt_ids = self.pair.encode(example.prompt)
         method.reset(self.seed + index)
-        watch = self.stopwatch
-        watch.start()
-        gen = method.generate(prompt_ids, self.max_new_tokens, self.pair.eos_ids, timeline=watch)
-        wall = watch.stop()
-        return {
+        messages, turns = [], []
+        for text in example.turns:
+            messages.append({"role": "user", "content": text})
+            turn = self.measure_turn(method, self.encode(messages, len(example.turns) > 1))
+            messages.append({"role": "assistant", "content": turn["output_text"]})
+            turns.append(turn)
+        record = {
             "schema": SCHEMA_VERSION,
             "run_key": spec.key,
             "method": spec.method,
@@ -106,8 +115,27 @@ class Runner:
             "prompt_id": example.id,
             "prompt_index": index,
             "repeat": repeat,
-            "prompt_tokens": len(prompt_ids),
             "max_new_tokens": self.max_new_tokens,
+            **combine_turns(turns),
+            "dtype": self.pair.dtype,
+            "timestamp": time.time(),
+            "env": self.env,
+            "model_info": self.pair.info,
+            "config": self.config,
+        }
+        if len(turns) > 1:
+            record["turns"] = turns
+        if self.scorer is not None:  # outside the timed region; never raises (failures are recorded)
+            record["score"] = self.scorer.score(example, [t["output_text"] for t in turns])
+        return record
+
+    def measure_turn(self, method: DecodingMethod, prompt_ids: list[int]) -> dict:
+        watch = self.stopwatch
+        watch.start()
+        gen = method.generate(prompt_ids, self.max_new_tokens, self.pair.eos_ids, timeline=watch)
+        wall = watch.stop()
+        return {
+            "prompt_tokens": len(prompt_ids),
             "output_ids": gen.tokens,
             "output_text": self.pair.decode(gen.tokens),
             "new_tokens": len(gen.tokens),
@@ -119,9 +147,25 @@ class Runner:
             "accepted": gen.accepted,
             "accept_lengths": gen.accept_lengths,
             "extra": gen.extra,
-            "dtype": self.pair.dtype,
-            "timestamp": time.time(),
-            "env": self.env,
-            "model_info": self.pair.info,
-            "config": self.config,
         }
+
+
+SUMMED = ("new_tokens", "wall_s", "prefill_s", "target_forwards", "draft_forwards", "drafted", "accepted")
+
+
+def combine_turns(turns: list[dict]) -> dict:
+    """One record's top-level fields from its turns: counts and times summed, ids and steps concatenated.
+
+    ``prompt_tokens`` is the first turn's; ``output_text`` joins the turns' texts with a blank line.
+    """
+    if len(turns) == 1:
+        return dict(turns[0])
+    combined = {key: sum(t[key] for t in turns) if all(t[key] is not None for t in turns) else None for key in SUMMED}
+    combined.update(
+        prompt_tokens=turns[0]["prompt_tokens"],
+        output_ids=[i for t in turns for i in t["output_ids"]],
+        output_text="\n\n".join(t["output_text"] for t in turns),
+        accept_lengths=[n for t in turns for n in t["accept_lengths"]],
+        extra={},
+    )
+    return combined

@@ -1,7 +1,13 @@
-"""A prompt dataset defined entirely by its YAML: source, sampling protocol, template, budget.
+"""A prompt dataset defined entirely by its YAML: source, sampling protocol, template(s), budget, scorer.
 
 Sampling follows the papers: an optional fixed-seed random sample of ``sample`` rows (e.g. 100 of
 GSM8K), kept in sampled order so that ``limit`` takes its first N; no ``sample`` keeps file order.
+
+Rows become examples with one or more user turns. Single-turn datasets format ``template`` with the
+row's fields (``{question}``, ``{translation[de]}``, ``{test_list[0]}``); ``template_if_empty`` picks
+another template when a field is empty (Alpaca's two prompts). Multi-turn datasets name a list field
+in ``turns_field``; each turn is formatted with ``{turn}`` and the row's fields (MT-Bench). The
+second turn is generated after the first answer (the runner conditions it on that answer).
 """
 from __future__ import annotations
 
@@ -11,48 +17,87 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError, require
+from ..scoring import BoundScorer
 from .sources import hub_rows, package_file, read_rows
 
 
 @dataclass
 class Example:
     id: str
-    prompt: str  # the templated prompt text (the pair's chat template is applied later, at encoding)
-    reference: Any = None  # what a scorer compares against (answer, tests, summary ...)
+    turns: list[str]  # templated user turns (the pair's chat template is applied at encoding)
+    reference: Any = None  # what a scorer compares against (answer, summary, translation ...)
     row: dict = field(default_factory=dict)
+
+    @property
+    def prompt(self) -> str:
+        return self.turns[0]
+
+
+def field_value(row: dict, path: str, key: str = "data.reference_field"):
+    """``a.b.0`` -> row['a']['b'][0]; a missing step is a ConfigError naming the fields there are."""
+    value: Any = row
+    for step in path.split("."):
+        try:
+            value = value[int(step)] if isinstance(value, list) else value[step]
+        except (KeyError, IndexError, ValueError, TypeError):
+            fields = sorted(value) if isinstance(value, dict) else type(value).__name__
+            raise ConfigError(f"{key}: {path!r} is not in the rows (at {step!r}; there: {fields})") from None
+    return value
 
 
 class PromptDataset:
-    def __init__(self, name: str, template: str, max_new_tokens: int, source: dict | None = None,
+    def __init__(self, name: str, max_new_tokens: int, template: str = "{turn}", source: dict | None = None,
                  path: str | None = None, hub: dict | None = None, id_field: str | None = None,
                  reference_field: str | None = None, sample: int | None = None, seed: int = 0,
-                 limit: int | None = None, version: int = 1, **_):
+                 limit: int | None = None, version: int = 1, turns_field: str | None = None,
+                 max_turns: int | None = None, template_if_empty: dict | None = None,
+                 categories: list[str] | None = None, category_field: str = "category",
+                 chat_template: bool | None = None, scorer: dict | None = None, **_):
         require(isinstance(max_new_tokens, int) and max_new_tokens >= 1, "data.max_new_tokens",
                 f"must be a positive integer, got {max_new_tokens!r}")
         require(limit is None or (isinstance(limit, int) and limit >= 1), "data.limit",
                 f"must be a positive integer or null, got {limit!r}")
         require(sample is None or (isinstance(sample, int) and sample >= 1), "data.sample",
                 f"must be a positive integer or null, got {sample!r}")
+        require(max_turns is None or (isinstance(max_turns, int) and max_turns >= 1), "data.max_turns",
+                f"must be a positive integer or null, got {max_turns!r}")
+        require(chat_template in (None, True, False), "data.chat_template",
+                f"must be true, false or null (follow the model pair), got {chat_template!r}")
+        require(template_if_empty is None or {"field", "template"} <= set(template_if_empty), "data.template_if_empty",
+                "must be {field: <row field>, template: <template>}")
         self.name, self.template, self.max_new_tokens = name, template, max_new_tokens
         self.source, self.path, self.hub = source, path, hub
         self.id_field, self.reference_field = id_field, reference_field
         self.sample, self.seed, self.limit, self.version = sample, seed, limit, version
+        self.turns_field, self.max_turns, self.template_if_empty = turns_field, max_turns, template_if_empty
+        self.categories, self.category_field = categories, category_field
+        self.chat_template = chat_template
+        scorer = dict(scorer or {"name": "none"})
+        require("name" in scorer, "data.scorer", "needs a name (a registered scorer)")
+        self.scorer = BoundScorer(scorer.pop("name"), **scorer)
         self._rows: list[dict] | None = None
 
     def rows(self) -> list[dict]:
         if self._rows is None:
-            if self.path:
-                self._rows = read_rows(Path(self.path).expanduser(), "data.path")
-            elif self.source:
-                self._rows = read_rows(package_file(self.source["package"], self.source["file"], self.name),
-                                       "data.source")
-            elif self.hub:
-                self._rows = hub_rows(self.hub, self.name, bool(self.hub.get("allow_download", False)))
-            else:
-                raise ConfigError(f"data: dataset '{self.name}' has no source; set data.path=/path/to/rows.jsonl")
-            if not self._rows:
+            rows = self._load_rows()
+            if self.categories:
+                rows = [r for r in rows if r.get(self.category_field) in self.categories]
+                if not rows:
+                    raise ConfigError(f"data.categories: no row of '{self.name}' has {self.category_field} in "
+                                      f"{list(self.categories)}; set data.categories=null to use every row")
+            if not rows:
                 raise ConfigError(f"data: dataset '{self.name}' source has no rows")
+            self._rows = rows
         return self._rows
+
+    def _load_rows(self) -> list[dict]:
+        if self.path:
+            return read_rows(Path(self.path).expanduser(), "data.path")
+        if self.source:
+            return read_rows(package_file(self.source["package"], self.source["file"], self.name), "data.source")
+        if self.hub:
+            return hub_rows(self.hub, self.name, bool(self.hub.get("allow_download", False)))
+        raise ConfigError(f"data: dataset '{self.name}' has no source; set data.path=/path/to/rows.jsonl")
 
     def selected_indices(self) -> list[int]:
         n = len(self.rows())
@@ -61,16 +106,28 @@ class PromptDataset:
             order = random.Random(self.seed).sample(order, self.sample)
         return order[: self.limit] if self.limit else order
 
+    def _format(self, template: str, row: dict, **extra) -> str:
+        try:
+            return template.format_map({**row, **extra})
+        except (KeyError, IndexError) as exc:
+            raise ConfigError(f"data.template: {exc} is not in the rows of '{self.name}'; fields: {sorted(row)}; "
+                              "a file in another layout needs its own data config (see README, Datasets)") from exc
+
+    def turns_of(self, row: dict) -> list[str]:
+        if self.turns_field:
+            turns = field_value(row, self.turns_field, "data.turns_field")
+            require(isinstance(turns, list) and turns, "data.turns_field", f"{self.turns_field!r} must hold a list of turns")
+            return [self._format(self.template, row, turn=t) for t in turns[: self.max_turns]]
+        template = self.template
+        if self.template_if_empty and not str(row.get(self.template_if_empty["field"]) or "").strip():
+            template = self.template_if_empty["template"]
+        return [self._format(template, row)]
+
     def example(self, index: int) -> Example:
         row = self.rows()[index]
-        try:
-            prompt = self.template.format_map(row)
-        except KeyError as exc:
-            raise ConfigError(f"data.template: field {exc} is not in the rows of '{self.name}'; "
-                              f"fields: {sorted(row)}") from exc
-        ex_id = str(row[self.id_field]) if self.id_field else f"{self.name}/{index}"
-        reference = row.get(self.reference_field) if self.reference_field else None
-        return Example(id=ex_id, prompt=prompt, reference=reference, row=row)
+        ex_id = str(field_value(row, self.id_field, "data.id_field")) if self.id_field else f"{self.name}/{index}"
+        reference = field_value(row, self.reference_field) if self.reference_field else None
+        return Example(id=ex_id, turns=self.turns_of(row), reference=reference, row=row)
 
     def examples(self) -> list[Example]:
         return [self.example(i) for i in self.selected_indices()]

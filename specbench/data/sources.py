@@ -42,7 +42,8 @@ def hub_rows(hub: dict, dataset: str, allow_download: bool) -> list[dict]:
         raise ConfigError(
             f"data: dataset '{dataset}' has no offline source here; it needs the hub dataset '{hub['id']}'"
             f"{' (' + hub['config'] + ')' if hub.get('config') else ''}, split '{hub['split']}'. Give a local file "
-            "with data.path=/path/to/rows.jsonl, or allow the download with data.hub.allow_download=true.")
+            "with data.path=/path/to/rows.jsonl, or allow the download with data.hub.allow_download=true."
+            + (f" An offline subset runs as data={hub['offline_subset']}." if hub.get("offline_subset") else ""))
     import datasets
 
     ds = datasets.load_dataset(hub["id"], hub.get("config"), split=hub["split"])

@@ -26,18 +26,32 @@ class ModelPair:
     def device(self) -> torch.device:
         return next(self.target.parameters()).device
 
-    def encode(self, prompt: str | Sequence[dict]) -> list[int]:
-        """Prompt text (or chat messages) -> token ids, applying the chat template when configured."""
-        if self.chat_template:
+    def encode(self, prompt: str | Sequence[dict], chat: bool | None = None) -> list[int]:
+        """Prompt text, or a conversation (``[{"role": "user", "content": ...}, ...]``), -> token ids.
+
+        chat: apply the tokenizer's chat template (None: the pair's ``chat_template`` setting). Without
+        it a single prompt is encoded as it is and a conversation in the plain ``USER:``/``ASSISTANT:``
+        layout (Vicuna's), ending with an open assistant turn.
+        """
+        use_chat = self.chat_template if chat is None else chat
+        if use_chat:
             messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
             ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
             if not isinstance(ids, list):  # BatchEncoding in newer transformers
                 ids = ids["input_ids"]
             return [int(i) for i in ids]
-        return [int(i) for i in self.tokenizer(prompt, add_special_tokens=True)["input_ids"]]
+        text = prompt if isinstance(prompt, str) else plain_conversation(prompt)
+        return [int(i) for i in self.tokenizer(text, add_special_tokens=True)["input_ids"]]
 
     def decode(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode(list(ids), skip_special_tokens=True)
+
+
+def plain_conversation(messages: Sequence[dict]) -> str:
+    """``USER: q1\nASSISTANT: a1\nUSER: q2\nASSISTANT:`` for pairs without a chat template."""
+    roles = {"user": "USER", "assistant": "ASSISTANT", "system": "SYSTEM"}
+    lines = [f"{roles.get(m['role'], m['role'].upper())}: {m['content']}" for m in messages]
+    return "\n".join(lines + ["ASSISTANT:"])
 
 
 def resolve_dtype(name: str, key: str = "model.dtype") -> torch.dtype:

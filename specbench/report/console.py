@@ -2,8 +2,21 @@
 from __future__ import annotations
 
 from ..metrics import fmt
+from ..scoring import primary_value
 
-COLUMNS = ("method", "prompts", "tokens", "tok/s", "ms/token", "speedup", "tau", "accept", "identical to greedy")
+COLUMNS = ("method", "prompts", "tokens", "tok/s", "ms/token", "speedup", "tau", "accept", "identical to greedy",
+           "task score")
+
+
+def accuracy_text(accuracy: dict | None) -> str:
+    """'pass@1 40.00', 'not scored', or '-' (no scorer); failed scorings are counted beside it."""
+    if not accuracy:
+        return "-"
+    if accuracy["primary"] is None:
+        return "not scored"
+    value = primary_value(accuracy)
+    text = f"{accuracy['primary']} {fmt(value)}" if value is not None else f"{accuracy['primary']} -"
+    return text + (f" ({accuracy['failed']} failed)" if accuracy.get("failed") else "")
 
 
 def summary_rows(summaries: list[tuple[str, dict]]) -> list[list[str]]:
@@ -14,7 +27,7 @@ def summary_rows(summaries: list[tuple[str, dict]]) -> list[list[str]]:
         speedup_txt = "-" if speedup is None else f"{speedup:.2f}x" + (f" ±{s['speedup_std']:.2f}" if s.get("speedup_std") else "")
         rows.append([name, str(s.get("prompts", 0)), str(s.get("new_tokens", 0)), fmt(s.get("tok_per_s")),
                      fmt(s.get("ms_per_token"), ".1f"), speedup_txt, fmt(s.get("tau")), fmt(s.get("acceptance_rate")),
-                     identical])
+                     identical, accuracy_text(s.get("accuracy"))])
     return rows
 
 
@@ -37,4 +50,8 @@ def render_headline(name: str, s: dict) -> str:
     lines.append(f"acceptance rate: {fmt(s.get('acceptance_rate'))}")
     if s.get("compared"):
         lines.append(f"identical to greedy: {s['identical']}/{s['compared']}")
+    acc = s.get("accuracy")
+    if acc:
+        counted = f"{acc['not_scored']} prompt(s)" if acc["primary"] is None else f"over {acc['scored']} scored prompt(s)"
+        lines.append(f"task score: {accuracy_text(acc)} {counted}")
     return "\n".join(lines)

@@ -1,0 +1,110 @@
+"""Task scorers: small registered functions, each declaring its primary metric and direction.
+
+A scorer function takes the outputs of one example (one text per turn) and the example, and returns
+raw per-prompt values (``{"pass": 1.0}``, ``{"rouge1": 0.41, ...}``); its aggregate turns the values of
+many prompts into the run's numbers, in the units the papers print (percent; BLEU 0-100). Scoring runs
+outside the timed region; a scorer that raises marks that prompt's score ``failed`` with the reason and
+the timing record is kept.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from ..errors import ConfigError
+
+ScoreFn = Callable[..., dict | None]
+AggregateFn = Callable[[list[dict]], dict]
+
+
+@dataclass(frozen=True)
+class Scorer:
+    name: str
+    fn: ScoreFn
+    aggregate: AggregateFn
+    primary: str | None  # the headline metric in the aggregate (None: not scored)
+    higher_is_better: bool
+
+
+REGISTRY: dict[str, Scorer] = {}
+
+
+def register(name: str, primary: str | None, aggregate: AggregateFn, higher_is_better: bool = True):
+    def wrap(fn: ScoreFn) -> ScoreFn:
+        if name in REGISTRY:
+            raise ValueError(f"scorer {name!r} registered twice")
+        REGISTRY[name] = Scorer(name, fn, aggregate, primary, higher_is_better)
+        return fn
+
+    return wrap
+
+
+def mean_percent(**metric_of_value: str) -> AggregateFn:
+    """Aggregate: metric = 100 * mean of a per-prompt value, e.g. mean_percent(**{"pass@1": "pass"})."""
+
+    def aggregate(values: list[dict]) -> dict:
+        return {metric: 100 * statistics.fmean(v[key] for v in values) for metric, key in metric_of_value.items()}
+
+    return aggregate
+
+
+def get_scorer(name: str) -> Scorer:
+    if name not in REGISTRY:
+        raise ConfigError(f"data.scorer.name: unknown scorer {name!r}; registered: {sorted(REGISTRY)}")
+    return REGISTRY[name]
+
+
+class BoundScorer:
+    """A registered scorer with the options from a dataset's YAML (``scorer: {name: ..., **options}``)."""
+
+    def __init__(self, name: str, **options: Any):
+        self.scorer = get_scorer(name)
+        self.options = options
+
+    @property
+    def name(self) -> str:
+        return self.scorer.name
+
+    def score(self, example, outputs: list[str]) -> dict:
+        """The record's ``score`` entry: status ok | failed | not_scored, values, reason, seconds."""
+        start = time.perf_counter()
+        try:
+            values = self.scorer.fn(outputs, example, **self.options)
+            status, reason = ("not_scored", self.options.get("reason", "no automatic metric")) if values is None \
+                else ("ok", values.pop("reason", None))
+        except Exception as exc:  # a scorer failure must never lose the timing record
+            values, status, reason = None, "failed", f"{type(exc).__name__}: {exc}"
+        return {"scorer": self.name, "status": status, "values": values, "reason": reason,
+                "seconds": time.perf_counter() - start}
+
+
+def aggregate_scores(records: list[dict]) -> dict | None:
+    """The run summary's accuracy block from the records' ``score`` entries (None when unscored)."""
+    scores = [r["score"] for r in records if r.get("score")]
+    if not scores:
+        return None
+    names = sorted({s["scorer"] for s in scores})
+    if len(names) > 1:
+        raise ValueError(f"records of one run carry different scorers: {names}")
+    scorer = get_scorer(names[0])
+    ok = [s["values"] for s in scores if s["status"] == "ok"]
+    return {
+        "scorer": scorer.name,
+        "primary": scorer.primary,
+        "higher_is_better": scorer.higher_is_better,
+        "metrics": scorer.aggregate(ok) if ok else {},
+        "scored": len(ok),
+        "failed": sum(1 for s in scores if s["status"] == "failed"),
+        "not_scored": sum(1 for s in scores if s["status"] == "not_scored"),
+    }
+
+
+def primary_value(accuracy: dict | None) -> float | None:
+    if not accuracy or not accuracy.get("primary"):
+        return None
+    return accuracy["metrics"].get(accuracy["primary"])
+
+
+from . import code, text  # noqa: E402,F401  (registers the scorers)
