@@ -5,11 +5,12 @@ or the network; ``wandb sync runs/wandb/offline-run-*`` uploads offline runs lat
 """
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
 TABLE_COLUMNS = ("prompt_id", "repeat", "new_tokens", "wall_s", "prefill_s", "tok_per_s", "target_forwards",
-                 "drafted", "accepted", "output_text")
+                 "drafted", "accepted", "output_text", "score_status", "score")
 
 
 class NullTracker:
@@ -21,6 +22,13 @@ class NullTracker:
 
     def finish(self, summary: dict) -> None:
         pass
+
+
+def score_cells(score: dict | None) -> list:
+    """[status, the score values as JSON text] for the per-prompt table."""
+    if not score:
+        return [None, None]
+    return [score["status"], json.dumps(score.get("values"), default=str)]
 
 
 class WandbTracker(NullTracker):
@@ -50,7 +58,7 @@ class WandbTracker(NullTracker):
         rate = record["new_tokens"] / record["wall_s"] if record["wall_s"] > 0 else None
         self.rows.append([record["prompt_id"], record["repeat"], record["new_tokens"], record["wall_s"],
                           record["prefill_s"], rate, record["target_forwards"], record["drafted"],
-                          record["accepted"], record["output_text"]])
+                          record["accepted"], record["output_text"], *score_cells(record.get("score"))])
         self.run.log({"prompt/tok_per_s": rate, "prompt/wall_s": record["wall_s"],
                       "prompt/new_tokens": record["new_tokens"]})
 
@@ -58,6 +66,8 @@ class WandbTracker(NullTracker):
         import wandb
 
         numbers = {k: v for k, v in summary.items() if isinstance(v, (int, float)) and v is not None}
+        accuracy = summary.get("accuracy") or {}
+        numbers.update({f"task/{k}": v for k, v in (accuracy.get("metrics") or {}).items() if isinstance(v, (int, float))})
         self.run.summary.update(numbers)
         self.run.log({"prompts": wandb.Table(columns=list(TABLE_COLUMNS), data=self.rows)})
         self.run.finish()
