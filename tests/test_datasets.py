@@ -62,6 +62,18 @@ def test_hub_only_datasets_run_from_a_local_file(tmp_path, name):
     assert first == expected
 
 
+def test_hub_loader_path_with_download_allowed_reads_a_local_dataset_folder(tmp_path):
+    """The real datasets.load_dataset code path, offline: a folder of data files stands in for the hub id."""
+    folder = tmp_path / "mbpp_local"
+    folder.mkdir()
+    write_jsonl(folder / "validation.jsonl", LOCAL_ROWS["mbpp"])
+    cfg = composed("data=mbpp", f"data.hub.id={folder}", "data.hub.config=null", "data.hub.allow_download=true",
+                   f"+data.hub.cache_dir={tmp_path / 'cache'}")
+    examples = build(cfg.data, "data").examples()
+    assert [ex.id for ex in examples] == ["11", "12"]
+    assert examples[0].prompt == "Write a function to add two numbers.\nassert add(1, 2) == 3\n"
+
+
 def test_templates_follow_the_papers():
     mbpp = build(composed("data=mbpp").data, "data")
     assert mbpp.turns_of(LOCAL_ROWS["mbpp"][0]) == ["Write a function to add two numbers.\nassert add(1, 2) == 3\n"]

@@ -27,3 +27,15 @@ def test_embedded_pair_shares_one_tokenizer():
     assert 151645 in pair.eos_ids
     ids = pair.encode("def add(a, b):")
     assert pair.tokenizer.decode(ids).count("def add(a, b):") == 1
+
+
+def test_embedded_humaneval_completion_passes_in_the_sandbox(tmp_path):
+    """A real model's completion, cut at the Codex stop strings, passes HumanEval/0's tests (pass@1 100)."""
+    records = tmp_path / "records"
+    proc = run_cli("model=embedded", "method=speculative", "data=humaneval", "data.limit=1", "data.chat_template=false",
+                   "data.max_new_tokens=64", "runner.warmup=0", records_dir=records, timeout=1200)
+    assert "identical to greedy: 1/1" in proc.stdout, proc.stdout
+    record = json.loads(next(records.rglob("speculative-*.jsonl")).read_text().splitlines()[0])
+    assert record["prompt_id"] == "HumanEval/0"
+    assert record["score"]["values"]["pass"] == 1.0, record["output_text"]
+    assert "audit-hook" in record["score"]["values"]["isolation"]

@@ -37,7 +37,11 @@ def package_file(package: str, file: str, dataset: str) -> Path:
 
 
 def hub_rows(hub: dict, dataset: str, allow_download: bool) -> list[dict]:
-    """Rows from datasets.load_dataset(id, config, split); offline unless data.hub.allow_download=true."""
+    """Rows from datasets.load_dataset(id, config, split); offline unless data.hub.allow_download=true.
+
+    ``id`` may also be a local folder of data files (datasets' own loader); ``cache_dir`` (optional)
+    keeps datasets' cache where the config says.
+    """
     if not allow_download:
         raise ConfigError(
             f"data: dataset '{dataset}' has no offline source here; it needs the hub dataset '{hub['id']}'"
@@ -46,5 +50,5 @@ def hub_rows(hub: dict, dataset: str, allow_download: bool) -> list[dict]:
             + (f" An offline subset runs as data={hub['offline_subset']}." if hub.get("offline_subset") else ""))
     import datasets
 
-    ds = datasets.load_dataset(hub["id"], hub.get("config"), split=hub["split"])
+    ds = datasets.load_dataset(hub["id"], hub.get("config"), split=hub["split"], cache_dir=hub.get("cache_dir"))
     return [dict(row) for row in ds]
