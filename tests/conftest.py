@@ -6,7 +6,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SHARED_DATA = ROOT.parent / "shared" / "data"
+# Spec-Bench / EAGLE question files (not part of the project): SPECBENCH_EXTERNAL_DATA, else ../shared/data
+SHARED_DATA = Path(os.environ.get("SPECBENCH_EXTERNAL_DATA") or ROOT.parent / "shared" / "data")
 
 os.environ.setdefault("WANDB_MODE", "disabled")
 
