@@ -9,6 +9,8 @@ from typing import Sequence
 
 import torch
 
+from .token_tree import tree_inputs
+
 
 class CachedLM:
     """Wraps a Hugging Face causal LM (batch size 1) and owns its DynamicCache."""
@@ -29,11 +31,14 @@ class CachedLM:
         return 0 if self.cache is None else int(self.cache.get_seq_length())
 
     @torch.inference_mode()
-    def forward(self, ids: Sequence[int], keep_last: int | None = None) -> torch.Tensor:
+    def forward(self, ids: Sequence[int], keep_last: int | None = None,
+                parents: Sequence[int] | None = None) -> torch.Tensor:
         """Run the model on ``ids`` after the cached prefix; return float32 logits (n, V).
 
         keep_last: only compute logits for the last n positions (prefill needs one row, not
         prompt_len x vocab).
+        parents: feed ``ids`` as a token tree (see token_tree.py) instead of a sequence; the cache then
+        holds every node, and the caller keeps the accepted path with ``keep_positions``.
         """
         if len(ids) == 0:
             raise ValueError("CachedLM.forward needs at least one token")
@@ -41,6 +46,9 @@ class CachedLM:
         kwargs = {}
         if keep_last is not None:
             kwargs["logits_to_keep"] = keep_last
+        if parents is not None:
+            dtype = next(self.model.parameters()).dtype
+            kwargs["attention_mask"], kwargs["position_ids"] = tree_inputs(parents, self.length, dtype, self.device)
         out = self.model(input_ids=input_ids, past_key_values=self.cache, use_cache=True, **kwargs)
         self.cache = out.past_key_values
         self.forwards += 1

@@ -48,3 +48,22 @@ def verify_rejection(
             residual = target_probs[i]
         return i, sampler.sample(residual / residual.sum())
     return len(draft), sampler.sample(target_probs[len(draft)])
+
+
+def verify_tree_greedy(tokens: Sequence[int], children: dict[int, list[int]], target_tokens: Sequence[int],
+                       root: int = 0) -> tuple[list[int], int]:
+    """Greedy verification of a token tree fed in one forward (lookahead n-grams, Ouroboros suffixes).
+
+    tokens: the block's token per node; children: node -> its candidate children (only the nodes being
+    verified); target_tokens: the target's argmax at every node. From ``root`` follow the child whose
+    token equals the target's argmax at the current node, as far as it goes. Returns (accepted path
+    node indices, the target's token after the last of them: the correction/bonus).
+    """
+    path, node = [], root
+    while True:
+        wanted = target_tokens[node]
+        nxt = next((c for c in children.get(node, ()) if tokens[c] == wanted), None)
+        if nxt is None:
+            return path, wanted
+        path.append(nxt)
+        node = nxt

@@ -1,0 +1,52 @@
+"""Token trees fed to a model in one forward: attention mask and position ids from parent links.
+
+A block of n new tokens sits after ``past`` cached positions. Node i has a parent inside the block
+(``parents[i] >= 0``, an earlier index) or hangs off the cached prefix (``parents[i] == -1``). Each
+node attends to every cached position, to its ancestors and to itself — nothing else — and sits at
+position ``past + depth(i)``, so its output is exactly what an autoregressive forward over the path
+root..i would give. Lookahead's window, its verification n-grams, and Ouroboros' sentence draft with
+K suffixes (its Figure 2) are all such trees.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+
+def depths(parents: Sequence[int]) -> list[int]:
+    out: list[int] = []
+    for i, p in enumerate(parents):
+        if not -1 <= p < i:
+            raise ValueError(f"node {i}: parent {p} must be -1 or an earlier node")
+        out.append(0 if p < 0 else out[p] + 1)
+    return out
+
+
+def ancestors_mask(parents: Sequence[int]) -> torch.Tensor:
+    """(n, n) bool: [i, j] is True when j is i or an ancestor of i."""
+    n = len(parents)
+    visible = torch.zeros(n, n, dtype=torch.bool)
+    for i, p in enumerate(parents):
+        if p >= 0:
+            visible[i] = visible[p]
+        visible[i, i] = True
+    return visible
+
+
+def tree_inputs(parents: Sequence[int], past: int, dtype: torch.dtype, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(attention mask (1, 1, n, past + n) additive float: 0 visible / finfo.min hidden, position ids (1, n))."""
+    positions = torch.tensor([[past + d for d in depths(parents)]], dtype=torch.long, device=device)
+    visible = torch.cat([torch.ones(len(parents), past, dtype=torch.bool), ancestors_mask(parents)], dim=1)
+    mask = torch.zeros(visible.shape, dtype=dtype)
+    mask.masked_fill_(~visible, torch.finfo(dtype).min)
+    return mask[None, None].to(device), positions
+
+
+def path_to(parents: Sequence[int], node: int) -> list[int]:
+    """Node indices from the root to ``node`` (inclusive)."""
+    path = []
+    while node >= 0:
+        path.append(node)
+        node = parents[node]
+    return path[::-1]
