@@ -9,7 +9,8 @@ from specbench.decoding.ngram_pool import NGramPool
 from specbench.decoding.token_tree import ancestors_mask, depths, path_to, tree_inputs
 from specbench.decoding.verify import verify_tree_greedy
 from specbench.errors import ConfigError
-from specbench.methods.lookahead import Lookahead, add_trie
+from specbench.decoding.jacobi import add_trie
+from specbench.methods.lookahead import Lookahead
 
 from .test_equivalence import greedy_reference, pair_for
 
@@ -85,8 +86,8 @@ def test_tree_forward_equals_sequential_forward_per_path(arch):
 
 def test_trie_merges_shared_prefixes_and_tree_verification_follows_the_target():
     tokens, parents, children = [50], [-1], {}
-    added = add_trie(tokens, parents, children, 0, [(1, 2, 3), (1, 2, 4), (7, 8, 9)])
-    assert added == 7 and tokens == [50, 1, 2, 3, 4, 7, 8, 9]
+    nodes = add_trie(tokens, parents, children, 0, [(1, 2, 3), (1, 2, 4), (7, 8, 9)])
+    assert nodes == [[1, 2, 3], [1, 2, 4], [5, 6, 7]] and tokens == [50, 1, 2, 3, 4, 7, 8, 9]
     # the target's argmax per node: after 50 -> 1, after 1 -> 2, after 2 -> 4, after 4 -> 6 (bonus)
     argmax = [1, 2, 4, 0, 6, 0, 0, 0]
     path, bonus = verify_tree_greedy(tokens, children, argmax)
@@ -121,6 +122,7 @@ def test_lookahead_equals_greedy(case):
     assert gen.tokens == ref.tokens
     assert gen.accepted <= gen.drafted and gen.target_forwards == len(gen.accept_lengths)
     assert all(1 <= n <= case["ngram"] for n in gen.accept_lengths)
+    assert gen.target_forwards == len(gen.accept_lengths)  # prefill shares the first step's forward
 
 
 def test_lookahead_accepts_guesses_and_warm_start_keeps_the_pool():
