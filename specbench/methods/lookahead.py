@@ -26,7 +26,21 @@ def optional_positive(value, key: str, meaning: str) -> int | None:
     return None if value is None else positive_int(value, key, meaning)
 
 
-class Lookahead(DecodingMethod):
+class PooledMethod(DecodingMethod):
+    """A method with an n-gram pool (``self.pool``): cleared before every prompt (cold start) unless
+    ``warm_start``, in which case the pool carries over from prompt to prompt (Ouroboros' warm start)."""
+
+    pool: NGramPool
+    warm_start: bool = False
+
+    def reset(self, seed: int = 0) -> None:
+        super().reset(seed)
+        self.seed = seed
+        if not self.warm_start:
+            self.pool.clear()
+
+
+class Lookahead(PooledMethod):
     def __init__(self, pair, name: str = "lookahead", window: int = 5, ngram: int = 4, guesses: int = 5,
                  pool_from_prompt: bool = True, pool_capacity: int | None = None, warm_start: bool = False,
                  temperature: float = 0.0, top_p: float = 1.0, seed: int = 0):
@@ -40,12 +54,6 @@ class Lookahead(DecodingMethod):
         self.pool_from_prompt, self.warm_start = bool(pool_from_prompt), bool(warm_start)
         self.pool = NGramPool(self.ngram, capacity)
         self.seed = seed
-
-    def reset(self, seed: int = 0) -> None:
-        super().reset(seed)
-        self.seed = seed
-        if not self.warm_start:
-            self.pool.clear()
 
     def generate(self, prompt_ids, max_new_tokens, eos_ids, timeline=NoTimeline()) -> Generation:
         target = CachedLM(self.pair.target)

@@ -34,8 +34,8 @@ from ..decoding.jacobi import JacobiWindow, add_trie, chain, lookahead_step
 from ..decoding.ngram_pool import NGramPool
 from ..decoding.verify import verify_tree_greedy
 from ..errors import require
-from .base import DecodingMethod, NoTimeline, positive_int
-from .lookahead import greedy_only, optional_positive
+from .base import NoTimeline, positive_int
+from .lookahead import PooledMethod, greedy_only, optional_positive
 
 MATCH_K = (1, 2, 3, 4)
 
@@ -63,7 +63,7 @@ def inspirations(d, d_hat, l_d: int, beta: int) -> list[list[int]]:
             if list(d[k:k + beta - 1]) == list(d_hat[k:k + beta - 1])]
 
 
-class Ouroboros(DecodingMethod):
+class Ouroboros(PooledMethod):
     needs_draft = True
 
     def __init__(self, pair, name: str = "ouroboros", gamma: int = 4, window: int = 8, beta: int = 4, top_k: int = 3,
@@ -87,12 +87,6 @@ class Ouroboros(DecodingMethod):
         self.warm_start, self.pool_from_prompt, self.match_stats = bool(warm_start), bool(pool_from_prompt), bool(match_stats)
         self.pool = NGramPool(self.beta, capacity=self.window)
         self.seed = seed
-
-    def reset(self, seed: int = 0) -> None:
-        super().reset(seed)
-        self.seed = seed
-        if not self.warm_start:
-            self.pool.clear()
 
     def generate(self, prompt_ids, max_new_tokens, eos_ids, timeline=NoTimeline()) -> Generation:
         target, draft = CachedLM(self.pair.target), CachedLM(self.pair.draft)
