@@ -121,3 +121,15 @@ def test_cli_bad_overrides_fail_with_the_key(tmp_path):
         assert proc.returncode != 0, overrides
         assert key in proc.stderr, (overrides, proc.stderr[-2000:])
     assert not any(records.rglob("*.jsonl")), "a failed configuration must not write records"
+
+
+def test_paper_table7_presets_compose_and_build():
+    presets = sorted(p.stem for p in (CONF / "method" / "table7").glob("*.yaml"))
+    assert len(presets) == 36  # 12 (task, pair) rows x speculative / lookahead / ouroboros
+    pair = build(composed("model=tiny_llama").model, "model")
+    for preset in presets:
+        cfg = composed(f"method=table7/{preset}").method
+        method = build(cfg, "method", pair=pair, temperature=0.0, top_p=1.0, seed=0)
+        assert method.name == preset.split("_")[0]
+    ouro = composed("method=table7/ouroboros_humaneval_yi_34b_6b").method
+    assert (ouro.gamma, ouro.window, ouro.beta, ouro.top_k, ouro.inspiration) == (12, 20, 8, 3, True)
