@@ -39,7 +39,7 @@ test: $(EMBEDDED_STAMP) ## All tests, including the slow ones on the embedded pa
 test-fast: $(STAMP) ## Tests on tiny in-process models only (no embedded weights needed)
 	$(BIN)/python -m pytest tests -m "not slow"
 
-bench: $(EMBEDDED_STAMP) ## Benchmark greedy / speculative / hf_assisted side by side on the embedded pair (ARGS=--limit ...)
+bench: $(EMBEDDED_STAMP) ## Benchmark greedy / speculative / hf_assisted / lookahead / ouroboros side by side on the embedded pair (ARGS=--limit ...)
 	$(BIN)/python -m specbench.bench $(ARGS)
 
 clean: ## Remove the virtual environment and caches (not runs/, not the converted weights)

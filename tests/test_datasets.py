@@ -169,3 +169,25 @@ def test_mt_bench_two_turns_end_to_end(tmp_path, tiny_llama):
                         {"role": "user", "content": example.turns[1]}]
         assert second["prompt_tokens"] == len(tiny_llama.encode(plain_conversation(conversation)))
         assert row["score"]["status"] == "not_scored"
+
+
+@pytest.mark.skipif(not SHARED_DATA.is_dir(), reason=f"Spec-Bench question files not found at {SHARED_DATA}")
+def test_mixture_orders_by_consecutive_number_and_scores_per_task(tmp_path):
+    def ids(*overrides):
+        data = build(composed("data=mixture_cn", f"external_data={SHARED_DATA}", *overrides).data, "data")
+        return [ex.id.split(":")[0] for ex in data.examples()], data
+
+    cn20, _ = ids()
+    assert len(cn20) == 80 and cn20 == ["code"] * 20 + ["gsm8k"] * 20 + ["cnndm"] * 20 + ["wmt16"] * 20
+    cn4, _ = ids("data.consecutive=4")
+    assert cn4[:8] == ["code"] * 4 + ["gsm8k"] * 4 and cn4.count("wmt16") == 20
+    shuffled, data = ids("data.consecutive=null")
+    assert sorted(shuffled) == sorted(cn20) and shuffled != cn20
+    cn1, _ = ids("data.consecutive=1", "data.per_component=2")
+    assert cn1 == ["code", "gsm8k", "cnndm", "wmt16"] * 2
+    records = tmp_path / "records"
+    proc = run_cli("method=lookahead", "method.warm_start=true", "data=mixture_cn", f"external_data={SHARED_DATA}",
+                   "data.consecutive=1", "data.limit=4", "data.max_new_tokens=8", records_dir=records)
+    assert "identical to greedy: 4/4" in proc.stdout and "mixed" in proc.stdout
+    scorers = [r["score"]["scorer"] for r in load_records(records, "lookahead")]
+    assert scorers == ["humaneval_pass", "gsm8k_exact_match", "rouge", "bleu"]

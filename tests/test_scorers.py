@@ -144,6 +144,14 @@ def test_aggregate_counts_and_excludes_failures():
     assert (agg["scored"], agg["failed"], agg["primary"], agg["higher_is_better"]) == (3, 1, "accuracy", True)
 
 
+def test_mixed_scorers_report_per_scorer_metrics_without_a_primary():
+    gsm = {"scorer": "gsm8k_exact_match", "status": "ok", "values": {"correct": 1.0}}
+    rouge = {"scorer": "rouge_l", "status": "ok", "values": {"rougeL": 0.5}}
+    agg = aggregate_scores([{"score": gsm}, {"score": rouge}])
+    assert agg["scorer"] == "mixed" and agg["primary"] is None and agg["scored"] == 2
+    assert agg["metrics"] == {"gsm8k_exact_match/accuracy": 100.0, "rouge_l/rougeL": 50.0}
+
+
 def test_unknown_scorer_names_the_registered_ones():
     with pytest.raises(ConfigError, match="data.scorer.name.*gsm8k_exact_match"):
         BoundScorer("bleurt")

@@ -13,7 +13,7 @@ def accuracy_text(accuracy: dict | None) -> str:
     if not accuracy:
         return "-"
     if accuracy["primary"] is None:
-        return "not scored"
+        return "mixed (per-task metrics in the summary)" if accuracy["scorer"] == "mixed" else "not scored"
     value = primary_value(accuracy)
     text = f"{accuracy['primary']} {fmt(value)}" if value is not None else f"{accuracy['primary']} -"
     return text + (f" ({accuracy['failed']} failed)" if accuracy.get("failed") else "")
@@ -52,6 +52,6 @@ def render_headline(name: str, s: dict) -> str:
         lines.append(f"identical to greedy: {s['identical']}/{s['compared']}")
     acc = s.get("accuracy")
     if acc:
-        counted = f"{acc['not_scored']} prompt(s)" if acc["primary"] is None else f"over {acc['scored']} scored prompt(s)"
+        counted = f"over {acc['scored']} scored prompt(s)" if acc["scored"] else f"{acc['not_scored']} prompt(s)"
         lines.append(f"task score: {accuracy_text(acc)} {counted}")
     return "\n".join(lines)

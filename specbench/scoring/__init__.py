@@ -81,21 +81,30 @@ class BoundScorer:
 
 
 def aggregate_scores(records: list[dict]) -> dict | None:
-    """The run summary's accuracy block from the records' ``score`` entries (None when unscored)."""
+    """The run summary's accuracy block from the records' ``score`` entries (None when unscored).
+
+    A run over a mixture of datasets (several scorers) has no single primary metric: its metrics are
+    each scorer's, prefixed ``<scorer>/``.
+    """
     scores = [r["score"] for r in records if r.get("score")]
     if not scores:
         return None
     names = sorted({s["scorer"] for s in scores})
-    if len(names) > 1:
-        raise ValueError(f"records of one run carry different scorers: {names}")
-    scorer = get_scorer(names[0])
-    ok = [s["values"] for s in scores if s["status"] == "ok"]
+    metrics, primary, higher = {}, None, True
+    for name in names:
+        scorer = get_scorer(name)
+        ok = [s["values"] for s in scores if s["scorer"] == name and s["status"] == "ok"]
+        found = scorer.aggregate(ok) if ok else {}
+        if len(names) == 1:
+            metrics, primary, higher = found, scorer.primary, scorer.higher_is_better
+        else:
+            metrics.update({f"{name}/{k}": v for k, v in found.items()})
     return {
-        "scorer": scorer.name,
-        "primary": scorer.primary,
-        "higher_is_better": scorer.higher_is_better,
-        "metrics": scorer.aggregate(ok) if ok else {},
-        "scored": len(ok),
+        "scorer": names[0] if len(names) == 1 else "mixed",
+        "primary": primary,
+        "higher_is_better": higher,
+        "metrics": metrics,
+        "scored": sum(1 for s in scores if s["status"] == "ok"),
         "failed": sum(1 for s in scores if s["status"] == "failed"),
         "not_scored": sum(1 for s in scores if s["status"] == "not_scored"),
     }
