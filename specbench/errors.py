@@ -9,3 +9,9 @@ def require(condition: bool, key: str, message: str) -> None:
     """Raise ConfigError("<key>: <message>") unless condition holds."""
     if not condition:
         raise ConfigError(f"{key}: {message}")
+
+
+def require_count(value, key: str, optional: bool = False, what: str = "a positive integer") -> None:
+    """A positive integer (or, when ``optional``, null): the shape of sizes, limits and budgets."""
+    ok = isinstance(value, int) and not isinstance(value, bool) and value >= 1
+    require(ok or (optional and value is None), key, f"must be {what}{' or null' if optional else ''}, got {value!r}")

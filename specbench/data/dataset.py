@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import ConfigError, require
+from ..errors import ConfigError, require, require_count
 from ..scoring import BoundScorer
 from .sources import hub_rows, package_file, read_rows
 
@@ -53,14 +53,9 @@ class PromptDataset:
                  max_turns: int | None = None, template_if_empty: dict | None = None,
                  categories: list[str] | None = None, category_field: str = "category",
                  chat_template: bool | None = None, scorer: dict | None = None, **_):
-        require(isinstance(max_new_tokens, int) and max_new_tokens >= 1, "data.max_new_tokens",
-                f"must be a positive integer, got {max_new_tokens!r}")
-        require(limit is None or (isinstance(limit, int) and limit >= 1), "data.limit",
-                f"must be a positive integer or null, got {limit!r}")
-        require(sample is None or (isinstance(sample, int) and sample >= 1), "data.sample",
-                f"must be a positive integer or null, got {sample!r}")
-        require(max_turns is None or (isinstance(max_turns, int) and max_turns >= 1), "data.max_turns",
-                f"must be a positive integer or null, got {max_turns!r}")
+        require_count(max_new_tokens, "data.max_new_tokens")
+        for key, value in (("limit", limit), ("sample", sample), ("max_turns", max_turns)):
+            require_count(value, f"data.{key}", optional=True)
         require(chat_template in (None, True, False), "data.chat_template",
                 f"must be true, false or null (follow the model pair), got {chat_template!r}")
         require(template_if_empty is None or {"field", "template"} <= set(template_if_empty), "data.template_if_empty",

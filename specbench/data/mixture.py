@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import random
 
-from ..errors import require
+from ..errors import require, require_count
 from .dataset import Example, PromptDataset
 
 
@@ -31,12 +31,10 @@ class MixedDataset:
                  consecutive: int | None = None, seed: int = 0, limit: int | None = None,
                  chat_template: bool | None = None, version: int = 1, **_):
         require(isinstance(components, dict) and components, "data.components", "needs at least one dataset")
-        require(isinstance(per_component, int) and per_component >= 1, "data.per_component",
-                f"must be a positive integer, got {per_component!r}")
-        require(consecutive is None or (isinstance(consecutive, int) and consecutive >= 1), "data.consecutive",
-                f"must be a positive integer (CN) or null (shuffle), got {consecutive!r}")
-        require(limit is None or (isinstance(limit, int) and limit >= 1), "data.limit",
-                f"must be a positive integer or null, got {limit!r}")
+        require_count(per_component, "data.per_component")
+        require_count(max_new_tokens, "data.max_new_tokens")
+        require_count(consecutive, "data.consecutive", optional=True, what="a positive integer (CN; null: shuffle)")
+        require_count(limit, "data.limit", optional=True)
         self.name, self.components, self.per_component = name, components, per_component
         self.max_new_tokens, self.consecutive, self.seed, self.limit = max_new_tokens, consecutive, seed, limit
         self.chat_template, self.version = chat_template, version
