@@ -6,8 +6,9 @@ the verifier keeps the longest acceptable prefix and adds the target's own next 
 Greedy verification at temperature 0 (output identical to greedy), rejection sampling above it
 (output distributed exactly as the target's).
 
-The number of tokens drafted per step (the speculation lookahead, SL) is decided by
-``draft_length``/``keep_drafting``; adaptive policies override those and learn in ``observe``.
+The number of tokens drafted per step (the speculation lookahead, SL) is decided by a policy
+(``method.policy``, sl_policies.py: static γ by default, dynHeur, confidence ...) through
+``draft_length``/``keep_drafting``; adaptive policies learn in ``observe``.
 """
 from __future__ import annotations
 
@@ -17,26 +18,33 @@ from ..decoding.cached_lm import CachedLM
 from ..decoding.generation import Generation, finalize_tokens, is_finished
 from ..decoding.verify import verify_greedy, verify_rejection
 from .base import DecodingMethod, NoTimeline, positive_int
+from .sl_policies import StaticSL
 
 
 class SpeculativeDecoding(DecodingMethod):
     needs_draft = True
 
-    def __init__(self, pair, name: str, gamma: int = 4, **sampling):
+    def __init__(self, pair, name: str, gamma: int = 4, policy=None, **sampling):
         super().__init__(pair, name, **sampling)
         self.gamma = positive_int(gamma, "method.gamma", "draft tokens per step, γ")
+        self.policy = policy if policy is not None else StaticSL(self.gamma)
 
-    # -- speculation-lookahead policy hooks (fixed γ here) -------------------------------
+    def reset(self, seed: int = 0) -> None:
+        super().reset(seed)
+        self.policy.reset()
+
+    # -- speculation-lookahead policy hooks --------------------------------------------------
     def draft_length(self) -> int:
         """Upper bound on tokens to draft this step."""
-        return self.gamma
+        return self.policy.draft_length()
 
     def keep_drafting(self, position: int, draft_logits: torch.Tensor) -> bool:
         """Called after each drafted token (position 1..); False stops the draft early."""
-        return True
+        return self.policy.keep_drafting(position, draft_logits)
 
     def observe(self, accepted: int, drafted: int) -> None:
         """Feedback after each verification step."""
+        self.policy.observe(accepted, drafted)
 
     # -- the loop ----------------------------------------------------------------------------
     def generate(self, prompt_ids, max_new_tokens, eos_ids, timeline=NoTimeline()) -> Generation:

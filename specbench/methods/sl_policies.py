@@ -1,0 +1,70 @@
+"""Speculation-lookahead (SL, γ) policies: how many tokens the draft proposes at each step (DISCO §2-4).
+
+A policy is one pluggable piece of ``SpeculativeDecoding`` (``method.policy``), never a copy of its loop:
+``draft_length()`` bounds the next draft, ``keep_drafting(i, logits)`` may stop it after the i-th drafted
+token, ``observe(accepted, drafted)`` learns from each verification, ``reset()`` runs before every prompt.
+The verification is unchanged, so every policy emits exactly greedy's tokens at temperature 0.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..errors import require
+from .base import positive_int
+
+
+class StaticSL:
+    """static SL-k: always draft γ tokens (Leviathan et al.; Chen et al.)."""
+
+    def __init__(self, gamma: int = 5):
+        self.gamma = positive_int(gamma, "method.policy.gamma", "draft tokens per step, γ")
+
+    def reset(self) -> None:
+        pass
+
+    def draft_length(self) -> int:
+        return self.gamma
+
+    def keep_drafting(self, position: int, draft_logits: torch.Tensor) -> bool:
+        return True
+
+    def observe(self, accepted: int, drafted: int) -> None:
+        pass
+
+
+class HeuristicSL(StaticSL):
+    """dynHeur (Gante 2023; transformers' ``num_assistant_tokens_schedule``): +2 after a step whose drafts
+    were all accepted, -1 otherwise, never below 1. ``persistent``: the SL carries over from prompt to
+    prompt (transformers' ``heuristic``); otherwise it restarts at ``initial`` (``heuristic_transient``)."""
+
+    def __init__(self, initial: int = 5, increase: int = 2, decrease: int = 1, minimum: int = 1,
+                 persistent: bool = True):
+        super().__init__(initial)
+        self.initial = self.gamma
+        self.increase, self.decrease = increase, decrease
+        self.minimum = positive_int(minimum, "method.policy.minimum", "smallest SL")
+        self.persistent = bool(persistent)
+
+    def reset(self) -> None:
+        if not self.persistent:
+            self.gamma = self.initial
+
+    def observe(self, accepted: int, drafted: int) -> None:
+        if drafted and accepted == drafted:
+            self.gamma += self.increase
+        else:
+            self.gamma = max(self.minimum, self.gamma - self.decrease)
+
+
+class ConfidenceSL(StaticSL):
+    """Stop drafting once the draft's top probability falls below ``threshold`` (transformers'
+    ``assistant_confidence_threshold``), drafting at most ``sl_max`` tokens."""
+
+    def __init__(self, threshold: float = 0.4, sl_max: int = 20):
+        super().__init__(sl_max)
+        require(isinstance(threshold, (int, float)) and 0 <= threshold <= 1, "method.policy.threshold",
+                f"must be a probability in [0, 1], got {threshold!r}")
+        self.threshold = float(threshold)
+
+    def keep_drafting(self, position: int, draft_logits: torch.Tensor) -> bool:
+        return float(torch.softmax(draft_logits.float(), dim=-1).max()) >= self.threshold
