@@ -92,6 +92,7 @@ class Runner:
         prompt_ids = self.encode([{"role": "user", "content": example.prompt}], len(example.turns) > 1)
         for _ in range(self.warmup):
             method.reset(self.seed)
+            method.prepare(prompt_ids, min(self.warmup_max_new_tokens, self.max_new_tokens), self.pair.eos_ids)
             method.generate(prompt_ids, min(self.warmup_max_new_tokens, self.max_new_tokens), self.pair.eos_ids)
 
     def encode(self, messages: list[dict], conversation: bool) -> list[int]:
@@ -130,6 +131,7 @@ class Runner:
         return record
 
     def measure_turn(self, method: DecodingMethod, prompt_ids: list[int]) -> dict:
+        method.prepare(prompt_ids, self.max_new_tokens, self.pair.eos_ids)  # untimed (oracles only)
         watch = self.stopwatch
         watch.start()
         gen = method.generate(prompt_ids, self.max_new_tokens, self.pair.eos_ids, timeline=watch)

@@ -31,8 +31,8 @@ def test_confidence_policy_stops_below_the_threshold():
     confident = torch.tensor([4.0, 0.0, 0.0])  # top probability ~0.96
     unsure = torch.tensor([0.1, 0.0, 0.0])  # ~0.36
     assert policy.draft_length() == 7
-    assert policy.keep_drafting(1, confident) and not policy.keep_drafting(2, unsure)
-    assert StaticSL(3).keep_drafting(1, unsure) and StaticSL(3).draft_length() == 3
+    assert policy.keep_drafting(1, confident, 0) and not policy.keep_drafting(2, unsure, 0)
+    assert StaticSL(3).keep_drafting(1, unsure, 0) and StaticSL(3).draft_length() == 3
 
 
 policies = st.one_of(
@@ -53,3 +53,30 @@ def test_every_policy_emits_greedy_tokens(case, policy):
         gen = method.generate(case["prompt"], case["max_new_tokens"], eos)
         assert gen.tokens == ref.tokens
         assert gen.accepted <= gen.drafted
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=cases, sl_max=st.integers(1, 12))
+def test_oracle_drafts_no_rejected_token_but_the_one_ending_its_draft(case, sl_max):
+    from specbench.methods.sl_policies import OracleSL
+
+    pair = pair_for(case["arch"], case["noise"])
+    ref, eos = greedy_reference(pair, case["prompt"], case["max_new_tokens"], case["eos_pick"])
+    method = SpeculativeDecoding(pair, "oracle_sl", policy=OracleSL(sl_max))
+    method.reset(0)
+    method.prepare(case["prompt"], case["max_new_tokens"], eos)  # untimed in the runner
+    gen = method.generate(case["prompt"], case["max_new_tokens"], eos)
+    assert gen.tokens == ref.tokens
+    for drafted, emitted in zip(gen.extra["sl"], gen.accept_lengths):
+        assert drafted - (emitted - 1) in (0, 1), (gen.extra["sl"], gen.accept_lengths)
+
+
+def test_oracle_needs_greedy_decoding():
+    import pytest
+
+    from specbench.errors import ConfigError
+    from specbench.methods.sl_policies import OracleSL
+
+    method = SpeculativeDecoding(pair_for("llama", 0.05), "oracle_sl", policy=OracleSL(8), temperature=0.8)
+    with pytest.raises(ConfigError, match="sampling.temperature"):
+        method.prepare([5, 6], 8, set())

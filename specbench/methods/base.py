@@ -40,6 +40,10 @@ class DecodingMethod:
         """Drop per-prompt state and reseed sampling; called by the runner before every prompt."""
         self.sampler.reset(seed)
 
+    def prepare(self, prompt_ids: Sequence[int], max_new_tokens: int, eos_ids: set[int]) -> None:
+        """Untimed work before a generation; the runner calls it before starting the clock. Only oracles
+        (which may look at the target's answer) use it; a real method must do all its work in generate."""
+
     def generate(
         self,
         prompt_ids: Sequence[int],

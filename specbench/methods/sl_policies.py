@@ -1,8 +1,10 @@
 """Speculation-lookahead (SL, γ) policies: how many tokens the draft proposes at each step (DISCO §2-4).
 
 A policy is one pluggable piece of ``SpeculativeDecoding`` (``method.policy``), never a copy of its loop:
-``draft_length()`` bounds the next draft, ``keep_drafting(i, logits)`` may stop it after the i-th drafted
-token, ``observe(accepted, drafted)`` learns from each verification, ``reset()`` runs before every prompt.
+``begin_step(n)`` opens a step after n committed new tokens, ``draft_length()`` bounds the next draft,
+``keep_drafting(i, logits, token)`` may stop it after the i-th drafted token, ``observe(accepted, drafted)``
+learns from each verification, ``reset()`` runs before every prompt, and ``prepare(...)`` runs untimed
+before each generation (only the oracle uses it).
 The verification is unchanged, so every policy emits exactly greedy's tokens at temperature 0.
 """
 from __future__ import annotations
@@ -22,10 +24,16 @@ class StaticSL:
     def reset(self) -> None:
         pass
 
+    def prepare(self, method, prompt_ids, max_new_tokens: int, eos_ids: set[int]) -> None:
+        pass
+
+    def begin_step(self, committed: int) -> None:
+        pass
+
     def draft_length(self) -> int:
         return self.gamma
 
-    def keep_drafting(self, position: int, draft_logits: torch.Tensor) -> bool:
+    def keep_drafting(self, position: int, draft_logits: torch.Tensor, token: int) -> bool:
         return True
 
     def observe(self, accepted: int, drafted: int) -> None:
@@ -66,5 +74,30 @@ class ConfidenceSL(StaticSL):
                 f"must be a probability in [0, 1], got {threshold!r}")
         self.threshold = float(threshold)
 
-    def keep_drafting(self, position: int, draft_logits: torch.Tensor) -> bool:
+    def keep_drafting(self, position: int, draft_logits: torch.Tensor, token: int) -> bool:
         return float(torch.softmax(draft_logits.float(), dim=-1).max()) >= self.threshold
+
+
+class OracleSL(StaticSL):
+    """The oracle SL (DISCO §2): draft until the first token the target will reject, i.e. stop right after
+    the first draft token that differs from the target's greedy output, which ``prepare`` computes before
+    the timed generation (an oracle: a lower bound on latency, not a usable method). At most ``sl_max``
+    tokens per step; temperature 0 only. The per-step SL sequence is the record's ``extra.sl``."""
+
+    def __init__(self, sl_max: int = 64):
+        super().__init__(sl_max)
+        self.reference: list[int] = []
+        self.committed = 0
+
+    def prepare(self, method, prompt_ids, max_new_tokens: int, eos_ids: set[int]) -> None:
+        from .greedy import Greedy
+
+        require(method.sampler.greedy, "sampling.temperature", "the oracle SL needs temperature 0 (greedy output)")
+        self.reference = Greedy(method.pair, "oracle-reference").generate(prompt_ids, max_new_tokens, eos_ids).tokens
+
+    def begin_step(self, committed: int) -> None:
+        self.committed = committed
+
+    def keep_drafting(self, position: int, draft_logits: torch.Tensor, token: int) -> bool:
+        index = self.committed + position - 1  # the drafted token's place in the output
+        return index + 1 < len(self.reference) and self.reference[index] == token

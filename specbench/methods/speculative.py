@@ -38,9 +38,13 @@ class SpeculativeDecoding(DecodingMethod):
         """Upper bound on tokens to draft this step."""
         return self.policy.draft_length()
 
-    def keep_drafting(self, position: int, draft_logits: torch.Tensor) -> bool:
-        """Called after each drafted token (position 1..); False stops the draft early."""
-        return self.policy.keep_drafting(position, draft_logits)
+    def keep_drafting(self, position: int, draft_logits: torch.Tensor, token: int) -> bool:
+        """Called after each drafted token (position 1.., the token drafted); False stops the draft early."""
+        return self.policy.keep_drafting(position, draft_logits, token)
+
+    def prepare(self, prompt_ids, max_new_tokens: int, eos_ids: set[int]) -> None:
+        """Untimed, before each generation: only an oracle policy uses it (to learn the target's output)."""
+        self.policy.prepare(self, prompt_ids, max_new_tokens, eos_ids)
 
     def observe(self, accepted: int, drafted: int) -> None:
         """Feedback after each verification step."""
@@ -52,10 +56,12 @@ class SpeculativeDecoding(DecodingMethod):
         gen = Generation(tokens=[])
         tokens = list(prompt_ids)  # committed sequence; after each step the target's cache holds tokens[:-1]
         out: list[int] = []
+        sl: list[int] = []  # tokens drafted per step (the SL actually used)
 
         while not is_finished(out, max_new_tokens, eos_ids):
             # 1. Draft up to γ tokens, never more than the budget can use (the step adds one more).
             #    The first step's draft forward reads the whole prompt (the draft's prefill).
+            self.policy.begin_step(len(out))
             limit = min(self.draft_length(), max_new_tokens - len(out) - 1)
             proposal, draft_probs = self._draft(draft, tokens, limit, eos_ids)
 
@@ -79,8 +85,10 @@ class SpeculativeDecoding(DecodingMethod):
             gen.accepted += n
             gen.accept_lengths.append(n + 1)
             self.observe(n, len(proposal))
+            sl.append(len(proposal))
 
         gen.tokens = finalize_tokens(out, max_new_tokens, eos_ids)
+        gen.extra["sl"] = sl
         gen.target_forwards, gen.draft_forwards = target.forwards, draft.forwards
         return gen
 
@@ -95,7 +103,7 @@ class SpeculativeDecoding(DecodingMethod):
             proposal.append(token)
             probs.append(q)
             feed = [token]
-            if token in eos_ids or not self.keep_drafting(len(proposal), logits):
+            if token in eos_ids or not self.keep_drafting(len(proposal), logits, token):
                 break
         draft_probs = torch.stack(probs) if probs and probs[0] is not None else None
         return proposal, draft_probs
