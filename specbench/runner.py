@@ -90,10 +90,11 @@ class Runner:
 
     def warm_up(self, method: DecodingMethod, example: Example) -> None:
         prompt_ids = self.encode([{"role": "user", "content": example.prompt}], len(example.turns) > 1)
+        budget = min(self.warmup_max_new_tokens, self.max_new_tokens)
         for _ in range(self.warmup):
             method.reset(self.seed)
-            method.prepare(prompt_ids, min(self.warmup_max_new_tokens, self.max_new_tokens), self.pair.eos_ids)
-            method.generate(prompt_ids, min(self.warmup_max_new_tokens, self.max_new_tokens), self.pair.eos_ids)
+            method.prepare(prompt_ids, budget, self.pair.eos_ids)
+            method.generate(prompt_ids, budget, self.pair.eos_ids)
 
     def encode(self, messages: list[dict], conversation: bool) -> list[int]:
         """A single-turn example encodes its prompt text; a multi-turn one the whole conversation so far."""

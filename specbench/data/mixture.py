@@ -40,27 +40,25 @@ class MixedDataset:
         self.chat_template, self.version = chat_template, version
         self.scorer = RoutingScorer({key: ds.scorer for key, ds in components.items()})
 
+    @staticmethod
+    def _tagged(key: str, ex: Example) -> Example:
+        return Example(f"{key}:{ex.id}", ex.turns, ex.reference, ex.row)
+
     def _blocks(self) -> list[list[Example]]:
-        out = []
-        for key, ds in self.components.items():
-            examples = [ds.example(i) for i in ds.selected_indices()[: self.per_component]]
-            out.append([Example(f"{key}:{ex.id}", ex.turns, ex.reference, ex.row) for ex in examples])
-        return out
+        return [[self._tagged(key, ds.example(i)) for i in ds.selected_indices()[: self.per_component]]
+                for key, ds in self.components.items()]
 
     def examples(self) -> list[Example]:
         blocks = self._blocks()
         if self.consecutive is None:
             order = [ex for block in blocks for ex in block]
             random.Random(self.seed).shuffle(order)
-        else:
-            order, cursors = [], [0] * len(blocks)
-            while any(c < len(b) for c, b in zip(cursors, blocks)):
-                for i, block in enumerate(blocks):
-                    order += block[cursors[i]: cursors[i] + self.consecutive]
-                    cursors[i] += self.consecutive
+        else:  # CN entries of each task in turn, until every task is used up
+            longest = max(len(block) for block in blocks)
+            order = [ex for start in range(0, longest, self.consecutive) for block in blocks
+                     for ex in block[start: start + self.consecutive]]
         return order[: self.limit] if self.limit else order
 
     def warmup_example(self) -> Example:
         key, ds = next(iter(self.components.items()))
-        ex = ds.warmup_example()
-        return Example(f"{key}:{ex.id}", ex.turns, ex.reference, ex.row)
+        return self._tagged(key, ds.warmup_example())

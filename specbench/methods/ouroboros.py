@@ -138,17 +138,13 @@ class Ouroboros(PooledMethod):
         return d[:max(limit, 0)]
 
     # (b)+(c) synthetic verification, (d) inspiration, (e) refinement ---------------------------
-    def _verify(self, target: CachedLM, seq, d: list[int], ex) -> list[int]:
+    def _verify(self, target: CachedLM, seq, d: list[int], ex) -> tuple[list[int], int]:
+        """One target forward over the sentence draft and the suffixes; returns (emitted tokens, suffix nodes fed)."""
         tokens, parents = chain(seq[target.length:])  # the prompt on the first step, else x_n
         root = len(tokens) - 1
         children: dict[int, list[int]] = {}
-        node = root
-        for token in d:  # the sentence draft: a chain under the root
-            tokens.append(token)
-            parents.append(node)
-            children[node] = [len(tokens) - 1]
-            node = len(tokens) - 1
-        last = node  # d_m (or the root when d is empty)
+        (draft_nodes,) = add_trie(tokens, parents, children, root, [d])  # the sentence draft: a chain under the root
+        last = draft_nodes[-1] if d else root  # d_m (or the root when d is empty)
         suffixes = self.pool.newest(tokens[last], self.top_k) if self.candidate_suffixes else []
         suffix_nodes = add_trie(tokens, parents, children, last, suffixes)
         fed_suffix = len(tokens) - (last + 1)

@@ -25,6 +25,7 @@ class SpeculativeDecoding(DecodingMethod):
     needs_draft = True
 
     def __init__(self, pair, name: str, gamma: int = 4, policy=None, **sampling):
+        """gamma: the static SL used when no ``policy`` is given (a policy decides the SL itself)."""
         super().__init__(pair, name, **sampling)
         self.gamma = positive_int(gamma, "method.gamma", "draft tokens per step, γ")
         self.policy = policy if policy is not None else StaticSL(self.gamma)
