@@ -7,7 +7,7 @@ EMBEDDED_STAMP := $(VENV)/.embedded
 ARGS ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help install embedded run test test-fast bench clean
+.PHONY: help install embedded run test test-fast bench disco clean
 
 help: ## Show this help
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  make %-10s %s\n", $$1, $$2}'
@@ -41,6 +41,9 @@ test-fast: $(STAMP) ## Tests on tiny in-process models only (no embedded weights
 
 bench: $(EMBEDDED_STAMP) ## Benchmark greedy / speculative / hf_assisted / lookahead / ouroboros side by side on the embedded pair (ARGS=--limit ...)
 	$(BIN)/python -m specbench.bench $(ARGS)
+
+disco: $(EMBEDDED_STAMP) ## DISCO end to end on the embedded pair: extract, train, tune, test -> runs/disco/embedded/gsm8k_small (ARGS=disco=... for another experiment)
+	$(BIN)/python -m specbench.disco disco=gsm8k_small $(ARGS)
 
 clean: ## Remove the virtual environment and caches (not runs/, not the converted weights)
 	rm -rf $(VENV) .pytest_cache .hypothesis *.egg-info

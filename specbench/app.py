@@ -65,14 +65,18 @@ def validate_runner(cfg: DictConfig) -> None:
         require(group in cfg and cfg[group] is not None, group, f"no {group} selected; pass {group}=<name>")
 
 
-def run(cfg: DictConfig) -> dict:
-    """Run one benchmark; returns the summary of the measured method (with speedup vs its baseline)."""
+def run(cfg: DictConfig, pair=None) -> dict:
+    """Run one benchmark; returns the summary of the measured method (with speedup vs its baseline).
+
+    pair: an already loaded ModelPair built from ``cfg.model`` (pipelines running many benchmarks on one
+    pair load it once); None loads it here.
+    """
     validate_runner(cfg)
     if cfg.runner.threads:
         torch.set_num_threads(cfg.runner.threads)
     dataset = build(cfg.data, "data")
     examples, warmup_example = dataset.examples(), dataset.warmup_example()
-    pair = build(cfg.model, "model")
+    pair = pair if pair is not None else build(cfg.model, "model")
     sampling = OmegaConf.to_container(cfg.sampling, resolve=True)
     tracker = build(cfg.logger, "logger") if cfg.get("logger") else None
     config = OmegaConf.to_container(cfg, resolve=True)

@@ -191,3 +191,18 @@ def test_mixture_orders_by_consecutive_number_and_scores_per_task(tmp_path):
     assert "identical to greedy: 4/4" in proc.stdout and "mixed" in proc.stdout
     scorers = [r["score"]["scorer"] for r in load_records(records, "lookahead")]
     assert scorers == ["humaneval_pass", "gsm8k_exact_match", "rouge", "bleu"]
+
+
+def test_partition_cuts_fixed_disjoint_parts_and_limit_applies_inside_one():
+    sizes = "+data.partition={seed: 0, sizes: {train: 500, validation: 80, test: 80}}"
+    parts = {part: [ex.id for ex in build(composed("data=gsm8k", "data.sample=null", sizes, f"+data.part={part}").data,
+                                          "data").examples()] for part in ("train", "validation", "test")}
+    assert [len(v) for v in parts.values()] == [500, 80, 80]
+    assert len(set().union(*parts.values())) == 660  # disjoint
+    again = build(composed("data=gsm8k", "data.sample=null", sizes, "+data.part=test", "data.limit=5").data, "data")
+    assert [ex.id for ex in again.examples()] == parts["test"][:5]  # fixed by the seed; limit takes the first N
+    with pytest.raises(ConfigError, match="data.part"):
+        build(composed("data=gsm8k", sizes, "+data.part=dev").data, "data")
+    with pytest.raises(ConfigError, match="data.partition.sizes"):
+        build(composed("data=gsm8k", "+data.partition={sizes: {train: 2000}}", "+data.part=train").data,
+              "data").examples()

@@ -2,6 +2,9 @@
 
 Sampling follows the papers: an optional fixed-seed random sample of ``sample`` rows (e.g. 100 of
 GSM8K), kept in sampled order so that ``limit`` takes its first N; no ``sample`` keeps file order.
+``partition`` ({seed, sizes: {train: 500, validation: 80, test: 80}}) cuts one file into fixed disjoint
+splits (a seeded shuffle of all rows, cut in the order of ``sizes``) and ``part`` picks one; sample and
+limit then apply inside that part (DISCO's splits of a dataset that ships as one file).
 
 Rows become examples with one or more user turns. Single-turn datasets format ``template`` with the
 row's fields (``{question}``, ``{translation[de]}``, ``{test_list[0]}``); ``template_if_empty`` picks
@@ -52,7 +55,8 @@ class PromptDataset:
                  limit: int | None = None, version: int = 1, turns_field: str | None = None,
                  max_turns: int | None = None, template_if_empty: dict | None = None,
                  categories: list[str] | None = None, category_field: str = "category",
-                 chat_template: bool | None = None, scorer: dict | None = None, **_):
+                 chat_template: bool | None = None, scorer: dict | None = None, partition: dict | None = None,
+                 part: str | None = None, **_):
         require_count(max_new_tokens, "data.max_new_tokens")
         for key, value in (("limit", limit), ("sample", sample), ("max_turns", max_turns)):
             require_count(value, f"data.{key}", optional=True)
@@ -60,6 +64,7 @@ class PromptDataset:
                 f"must be true, false or null (follow the model pair), got {chat_template!r}")
         require(template_if_empty is None or {"field", "template"} <= set(template_if_empty), "data.template_if_empty",
                 "must be {field: <row field>, template: <template>}")
+        self.partition, self.part = check_partition(partition, part)
         self.name, self.template, self.max_new_tokens = name, template, max_new_tokens
         self.source, self.path, self.hub = source, path, hub
         self.id_field, self.reference_field = id_field, reference_field
@@ -94,9 +99,26 @@ class PromptDataset:
             return hub_rows(self.hub, self.name, bool(self.hub.get("allow_download", False)))
         raise ConfigError(f"data: dataset '{self.name}' has no source; set data.path=/path/to/rows.jsonl")
 
-    def selected_indices(self) -> list[int]:
+    def part_indices(self) -> list[int]:
+        """Row indices of the selected part (all rows, in file order, without a partition)."""
         n = len(self.rows())
-        order = list(range(n))
+        if self.partition is None:
+            return list(range(n))
+        sizes = self.partition["sizes"]
+        needed = sum(sizes.values())
+        require(needed <= n, "data.partition.sizes", f"ask for {needed} rows in all but '{self.name}' has {n}")
+        shuffled = list(range(n))
+        random.Random(self.partition.get("seed", 0)).shuffle(shuffled)
+        start = 0
+        for name, size in sizes.items():
+            if name == self.part:
+                return shuffled[start:start + size]
+            start += size
+        raise AssertionError("unreachable: check_partition validated the part")
+
+    def selected_indices(self) -> list[int]:
+        order = self.part_indices()
+        n = len(order)
         if self.sample is not None and self.sample < n:
             order = random.Random(self.seed).sample(order, self.sample)
         return order[: self.limit] if self.limit else order
@@ -134,3 +156,16 @@ class PromptDataset:
             if i not in used:
                 return self.example(i)
         return self.example(self.selected_indices()[-1])
+
+
+def check_partition(partition: dict | None, part: str | None) -> tuple[dict | None, str | None]:
+    """A partition needs integer sizes per named part and ``part`` naming one of them (or none at all)."""
+    if partition is None:
+        require(part is None, "data.part", f"picks a part of data.partition, but no partition is set (got {part!r})")
+        return None, None
+    require(isinstance(partition, dict) and isinstance(partition.get("sizes"), dict) and partition["sizes"],
+            "data.partition", "must be {seed: <int>, sizes: {<part>: <rows>, ...}}")
+    for name, size in partition["sizes"].items():
+        require_count(size, f"data.partition.sizes.{name}")
+    require(part in partition["sizes"], "data.part", f"{part!r} is not one of {list(partition['sizes'])}")
+    return partition, part

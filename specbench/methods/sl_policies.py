@@ -9,6 +9,8 @@ The verification is unchanged, so every policy emits exactly greedy's tokens at 
 """
 from __future__ import annotations
 
+import math
+
 import torch
 
 from ..errors import require
@@ -76,6 +78,26 @@ class ConfidenceSL(StaticSL):
 
     def keep_drafting(self, position: int, draft_logits: torch.Tensor, token: int) -> bool:
         return float(torch.softmax(draft_logits.float(), dim=-1).max()) >= self.threshold
+
+
+class PerplexitySL(StaticSL):
+    """DISCO's rule-based baseline (its Table 2, "ppl SL-opt"): the perplexity of this step's draft so far,
+    exp(-mean log q(d_j)) over the tokens drafted in the step, measures the draft's confidence; drafting
+    stops once it exceeds ``threshold`` (tuned on validation), at most ``sl_max`` tokens."""
+
+    def __init__(self, threshold: float = 2.0, sl_max: int = 20):
+        super().__init__(sl_max)
+        require(isinstance(threshold, (int, float)) and threshold >= 1, "method.policy.threshold",
+                f"must be a perplexity >= 1, got {threshold!r}")
+        self.threshold = float(threshold)
+        self.log_prob_sum = 0.0
+
+    def begin_step(self, committed: int) -> None:
+        self.log_prob_sum = 0.0
+
+    def keep_drafting(self, position: int, draft_logits: torch.Tensor, token: int) -> bool:
+        self.log_prob_sum += float(torch.log_softmax(draft_logits.float(), dim=-1)[token])
+        return math.exp(-self.log_prob_sum / position) <= self.threshold
 
 
 class OracleSL(StaticSL):
