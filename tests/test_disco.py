@@ -242,17 +242,20 @@ def test_transfer_uses_a_classifier_trained_elsewhere_and_tests_on_another_datas
     math_file.write_text("".join(json.dumps({"question": f"{a} * 2 = ?", "answer": f"#### {2 * a}"}) + "\n"
                                  for a in range(20)))
     other_file.write_text("".join(json.dumps({"task_id": f"T/{i}", "prompt": f"def f{i}(x):\n    return x +",
+                                              "canonical_solution": " 1\n",
                                               "test": "", "entry_point": f"f{i}"}) + "\n" for i in range(6)))
     run_disco(tmp_path, math_file, "stage=extract", "disco.name=source")
     run_disco(tmp_path, math_file, "stage=train", "disco.name=source")
     source = json.loads((tmp_path / "disco" / "tiny_llama" / "source" / "classifier.json").read_text())["path"]
     run_disco(tmp_path, math_file, "disco.name=transfer", f"disco.classifier.path={source}",
-              "disco.splits.test.data=humaneval", f"disco.splits.test.set={{path: {other_file}, limit: 3}}")
+              "disco.splits.test.data=humaneval", f"disco.splits.test.set.path={other_file}",
+              "disco.splits.test.set.partition=null", "disco.splits.test.set.part=null")
     out = tmp_path / "disco" / "tiny_llama" / "transfer"
     assert json.loads((out / "classifier.json").read_text())["path"] == source  # no training here
     assert not list((out / "features").glob("train-*"))  # nor training features
     rows = list(csv.DictReader((out / "table1.csv").open()))
     disco = next(r for r in rows if r["row"] == "DISCO")
-    assert disco["compared"] == disco["identical"] == "3"  # tested on the other dataset's 3 prompts
+    assert disco["compared"] == disco["identical"] == "4"  # tested on 4 of the other dataset's prompts (limit)
+    assert list((tmp_path / "records" / "tiny-llama" / "humaneval").glob("disco-*.jsonl"))
     chosen = json.loads((out / "tuning.json").read_text())["chosen"]["DISCO"]
     assert chosen["method.policy.classifier"] == source
