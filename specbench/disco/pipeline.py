@@ -47,9 +47,9 @@ class DiscoPipeline:
             require(split in self.exp.splits and "data" in self.exp.splits[split], f"disco.splits.{split}",
                     "needs {data: <data config name>, set: {<data fields>}}")
         self.dir = Path(self.exp.out_dir) / slug(self.exp.model) / slug(self.exp.name)
-        temperature = plain(self.exp.get("sampling")).get("temperature", 0)
+        self.temperature = plain(self.exp.get("sampling")).get("temperature", 0)  # else the config's default, 0
         # features and the classifier do not depend on sampling; tuning and tables do
-        self.results = self.dir if not temperature else self.dir / f"temperature-{temperature}"
+        self.results = self.dir if not self.temperature else self.dir / f"temperature-{self.temperature}"
         self._pair = None
 
     # -- configs and data -----------------------------------------------------------------------------
@@ -90,9 +90,9 @@ class DiscoPipeline:
         splits = ("validation",) if self.exp.classifier.path else ("train", "validation")
         for split in splits:
             dataset = self.dataset(split)
-            path = self.features_path(split)
-            print(f"[disco] extract {split}: {len(dataset.examples())} prompts -> {path}", file=sys.stderr)
-            extract_split(self.pair, dataset.examples(), lambda ex: self.pair.encode(ex.prompt, chat=dataset.chat_template),
+            examples, path = dataset.examples(), self.features_path(split)
+            print(f"[disco] extract {split}: {len(examples)} prompts -> {path}", file=sys.stderr)
+            extract_split(self.pair, examples, lambda ex: self.pair.encode(ex.prompt, chat=dataset.chat_template),
                           dataset.max_new_tokens, path, self.exp.features.top_k, {"split": split})
 
     def split_features(self, split: str):
@@ -171,7 +171,7 @@ class DiscoPipeline:
                 ("static SL-5", "speculative", {"method.gamma": 5}),
                 ("static SL-opt", "speculative", chosen["static SL-opt"]), ("DISCO", "disco", chosen["DISCO"]),
                 ("oracle", "oracle_sl", {}), ("ppl SL-opt", "ppl_sl", chosen["ppl SL-opt"])]
-        if self.run_config("test", "greedy").sampling.temperature > 0:  # DISCO Table 2: no oracle row
+        if self.temperature > 0:  # DISCO Table 2: no oracle row
             plan = [step for step in plan if step[1] != "oracle_sl"]
         rows, oracle = [], None
         for row, method, settings in plan:

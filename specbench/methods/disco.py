@@ -114,12 +114,8 @@ class DiscoSL(StaticSL):
                 f"must be a probability τ in [0, 1], got {threshold!r}")
         self.classifier = classifier if isinstance(classifier, DiscoClassifier) else load_classifier(classifier)
         self.threshold = float(threshold)
-        self.committed = 0
-
-    def begin_step(self, committed: int) -> None:
-        self.committed = committed
 
     def keep_drafting(self, position: int, draft_logits: torch.Tensor, token: int) -> bool:
-        index = self.committed + position - 1  # d_i's place in the generated output (the feature i)
-        features = disco_features(draft_logits, index, self.classifier.top_k).unsqueeze(0)
+        # the feature i: d_i's place in the generated output, as in extraction
+        features = disco_features(draft_logits, self.output_index(position), self.classifier.top_k).unsqueeze(0)
         return float(self.classifier.confidence(features)[0]) >= self.threshold

@@ -22,6 +22,7 @@ class StaticSL:
 
     def __init__(self, gamma: int = 5):
         self.gamma = positive_int(gamma, "method.policy.gamma", "draft tokens per step, γ")
+        self.committed = 0  # new tokens committed before the current step
 
     def reset(self) -> None:
         pass
@@ -30,7 +31,11 @@ class StaticSL:
         pass
 
     def begin_step(self, committed: int) -> None:
-        pass
+        self.committed = committed
+
+    def output_index(self, position: int) -> int:
+        """Where the step's ``position``-th drafted token (1-based) would sit in the generated output."""
+        return self.committed + position - 1
 
     def draft_length(self) -> int:
         return self.gamma
@@ -93,6 +98,7 @@ class PerplexitySL(StaticSL):
         self.log_prob_sum = 0.0
 
     def begin_step(self, committed: int) -> None:
+        super().begin_step(committed)
         self.log_prob_sum = 0.0
 
     def keep_drafting(self, position: int, draft_logits: torch.Tensor, token: int) -> bool:
@@ -109,7 +115,6 @@ class OracleSL(StaticSL):
     def __init__(self, sl_max: int = 64):
         super().__init__(sl_max)
         self.reference: list[int] = []
-        self.committed = 0
 
     def prepare(self, method, prompt_ids, max_new_tokens: int, eos_ids: set[int]) -> None:
         from .greedy import Greedy
@@ -117,9 +122,6 @@ class OracleSL(StaticSL):
         require(method.sampler.greedy, "sampling.temperature", "the oracle SL needs temperature 0 (greedy output)")
         self.reference = Greedy(method.pair, "oracle-reference").generate(prompt_ids, max_new_tokens, eos_ids).tokens
 
-    def begin_step(self, committed: int) -> None:
-        self.committed = committed
-
     def keep_drafting(self, position: int, draft_logits: torch.Tensor, token: int) -> bool:
-        index = self.committed + position - 1  # the drafted token's place in the output
+        index = self.output_index(position)
         return index + 1 < len(self.reference) and self.reference[index] == token
