@@ -7,7 +7,7 @@ EMBEDDED_STAMP := $(VENV)/.embedded
 ARGS ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help install embedded run test test-fast bench disco clean
+.PHONY: help install embedded run test test-fast bench disco report clean
 
 help: ## Show this help
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  make %-10s %s\n", $$1, $$2}'
@@ -44,6 +44,9 @@ bench: $(EMBEDDED_STAMP) ## Benchmark greedy / speculative / hf_assisted / looka
 
 disco: $(EMBEDDED_STAMP) ## DISCO end to end on the embedded pair: extract, train, tune, test -> runs/disco/embedded/gsm8k_small (ARGS=disco=... for another experiment)
 	$(BIN)/python -m specbench.disco disco=gsm8k_small $(ARGS)
+
+report: $(STAMP) ## Render a paper table + figures from runs/ (ARGS="experiment=ouroboros_table2 model=embedded data=gsm8k ...")
+	$(BIN)/python -m specbench.report $(ARGS)
 
 clean: ## Remove the virtual environment and caches (not runs/, not the converted weights)
 	rm -rf $(VENV) .pytest_cache .hypothesis *.egg-info

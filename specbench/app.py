@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -72,6 +73,18 @@ def run(cfg: DictConfig, pair=None) -> dict:
     pair load it once); None loads it here.
     """
     validate_runner(cfg)
+    spec = spec_for(cfg, cfg.method)
+    try:
+        summary = measure(cfg, spec, pair)
+    except ConfigError as exc:  # say why this cell of a sweep is empty (the report reads it)
+        write_json(spec.error_path, {"error": str(exc), "method": spec.method, "pair": spec.pair, "data": spec.data,
+                                     "timestamp": time.time()})
+        raise
+    spec.error_path.unlink(missing_ok=True)
+    return summary
+
+
+def measure(cfg: DictConfig, spec: RunSpec, pair=None) -> dict:
     if cfg.runner.threads:
         torch.set_num_threads(cfg.runner.threads)
     dataset = build(cfg.data, "data")
@@ -86,7 +99,6 @@ def run(cfg: DictConfig, pair=None) -> dict:
                     scorer=dataset.scorer, chat=dataset.chat_template)
 
     method = build(cfg.method, "method", pair=pair, **sampling)  # before any work: bad settings fail fast
-    spec = spec_for(cfg, cfg.method)
     base_spec = spec_for(cfg, cfg.baseline)
     exact = sampling["temperature"] == 0
     summaries = []

@@ -6,10 +6,13 @@ same run redoes exactly the missing prompts.
 """
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
 import re
+import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 SCHEMA_VERSION = 1
@@ -38,14 +41,35 @@ class RecordStore:
         if complete_len < len(raw):
             with open(self.path, "r+b") as fh:
                 fh.truncate(complete_len)
-        records = []
+        records, seen = [], set()
         for line in raw[:complete_len].splitlines():
             if line.strip():
                 try:
-                    records.append(json.loads(line))
+                    record = json.loads(line)
                 except json.JSONDecodeError:
                     continue  # a corrupted line is skipped, never fatal; its prompt is redone
+                key = (record.get("run_key"), record.get("prompt_id"), record.get("repeat"))
+                if key not in seen:  # a duplicate (two writers without the lock) counts once: the first
+                    seen.add(key)
+                    records.append(record)
         return records
+
+    @contextmanager
+    def lock(self):
+        """Exclusive writer lock (POSIX record lock on ``<name>.lock``, honoured over NFS): parallel sweep
+        jobs that need the same run (the shared greedy baseline) take turns, so the second one finds the
+        first one's records instead of measuring them again."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.path.with_suffix(".lock"), "a") as fh:
+            try:
+                fcntl.lockf(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                print(f"[specbench] waiting for another job writing {self.path}", file=sys.stderr)
+                fcntl.lockf(fh, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.lockf(fh, fcntl.LOCK_UN)
 
     def append(self, record: dict) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)

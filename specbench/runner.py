@@ -46,6 +46,12 @@ class RunSpec:
     def summary_path(self) -> Path:
         return self.store.path.with_suffix(".summary.json")
 
+    @property
+    def error_path(self) -> Path:
+        """Written when the run fails before finishing (e.g. a dataset that needs the hub), so a report can
+        say why a cell is empty; removed by the next successful run."""
+        return self.store.path.with_suffix(".error.json")
+
 
 class Runner:
     def __init__(self, pair: ModelPair, max_new_tokens: int, warmup: int = 1, warmup_max_new_tokens: int = 16,
@@ -61,7 +67,14 @@ class Runner:
         self.env = environment(pair.device)
 
     def run(self, method: DecodingMethod, spec: RunSpec, examples: list[Example], warmup_example: Example) -> list[dict]:
-        """Generate for every (example, repeat) not yet recorded; return this selection's records."""
+        """Generate for every (example, repeat) not yet recorded; return this selection's records.
+
+        Holds the run's writer lock throughout, so a parallel job needing the same run waits, then resumes.
+        """
+        with spec.store.lock():
+            return self._run(method, spec, examples, warmup_example)
+
+    def _run(self, method: DecodingMethod, spec: RunSpec, examples: list[Example], warmup_example: Example) -> list[dict]:
         store = spec.store
         previous = spec.records_for(examples)
         done = {(r["prompt_id"], r["repeat"]) for r in previous}

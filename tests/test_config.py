@@ -150,3 +150,50 @@ def test_paper_table7_presets_compose_and_build():
         assert method.name == preset.split("_")[0]
     ouro = composed("method=table7/ouroboros_humaneval_yi_34b_6b").method
     assert (ouro.gamma, ouro.window, ouro.beta, ouro.top_k, ouro.inspiration) == (12, 20, 8, 3, True)
+
+
+def composed_with_hydra(*overrides):
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return compose(config_name="config", overrides=list(overrides), return_hydra_config=True)
+
+
+@pytest.mark.parametrize("name", options("experiment"))
+def test_every_experiment_composes_with_its_sweep(name):
+    cfg = composed_with_hydra(f"+experiment={name}")
+    exp = cfg.experiment
+    assert exp.name == name and exp.rows and exp.metrics
+    if exp.get("pipeline"):
+        assert exp.disco and exp.disco_table in ("table1", "table3", "table5")
+        return
+    assert cfg.hydra.sweeper.params, f"{name} has no sweep"
+    assert cfg.model.name  # the paper's pair by default; model=embedded runs it here
+    for key, values in cfg.hydra.sweeper.params.items():  # every value of every swept axis composes
+        for value in str(values).split(","):
+            composed(f"+experiment={name}", f"{key}={value}")
+
+
+def test_table7_hyper_parameters_apply_only_where_the_paper_has_a_row():
+    paper = composed("+experiment=ouroboros_table2", "method=ouroboros_warm", "data=gsm8k").method
+    assert (paper.gamma, paper.window, paper.beta, paper.top_k, paper.warm_start) == (4, 15, 7, 3, True)
+    spec = composed("+experiment=ouroboros_table2", "method=speculative", "data=wmt16", "model=llama2_chat_70b_7b").method
+    assert spec.gamma == 5
+    embedded = composed("+experiment=ouroboros_table2", "method=ouroboros", "data=gsm8k", "model=embedded").method
+    default = composed("method=ouroboros").method
+    assert (embedded.gamma, embedded.window, embedded.beta) == (default.gamma, default.window, default.beta)
+    assert composed("method=ouroboros", "data=gsm8k", "model=yi_34b_6b").method.window == default.window  # opt-in only
+
+
+def test_ablation_rows_and_search_and_slurm_configs_compose():
+    for row in options("ouroboros_ablation"):
+        m = composed("+experiment=ouroboros_table3", f"ouroboros_ablation@method={row}").method
+        assert not (m.refinement and not m.candidate_suffixes) and m.gamma == 12
+    search = composed_with_hydra("+search=ouroboros_optuna")
+    assert search.hydra.sweeper._target_.endswith("OptunaSweeper") and search.objective == "tok_per_s"
+    assert set(search.hydra.sweeper.params) == {"method.gamma", "method.window", "method.beta", "method.top_k"}
+    slurm = composed_with_hydra("hydra/launcher=slurm")
+    assert slurm.hydra.launcher._target_.endswith("SlurmLauncher") and slurm.hydra.launcher.gpus_per_node == 1
+
+
+def test_pipeline_experiment_is_not_a_single_run(tmp_path):
+    proc = run_cli("+experiment=disco_table1", records_dir=tmp_path / "records", check=False)
+    assert proc.returncode == 2 and "python -m specbench.disco" in proc.stderr

@@ -218,6 +218,21 @@ def test_pipeline_end_to_end_on_the_tiny_pair_and_resume(tmp_path):
     val_ids = {json.loads(line)["prompt_id"] for line in next((out / "features").glob("validation-*")).open()}
     assert len(train_ids) == 8 and len(val_ids) == 3 and not train_ids & val_ids  # disjoint splits
 
+    # the paper tables render from the pipeline's outputs, beside DISCO's published numbers
+    from specbench.report.render import render_experiment
+    read_run = ["experiment.disco=[gsm8k_small]",
+                f"+experiment.disco_overrides=['disco.model=tiny_llama','disco.out_dir={tmp_path / 'disco'}']"]
+    t1 = render_experiment("disco_table1", read_run, out=tmp_path / "reports")["table"]
+    ours = {r[1]: r[2:7] for r in t1.rows if r[0] == "GSM8K"}
+    assert list(ours) == [r["row"] for r in rows] and ours["DISCO"][4] == "4/4"
+    assert any(r[0] == "MBPP" and "12.58" in " ".join(r) for r in t1.rows)  # the paper's DISCO latency
+    t3 = render_experiment("disco_table3", read_run, out=tmp_path / "reports")
+    assert t3["paths"]["oracle_sl_hist.png"].stat().st_size > 5000
+    assert t3["table"].rows[0][1] == f"{oracle['mean']:.1f} ± {oracle['std']:.1f}"
+    t5 = render_experiment("disco_table5", read_run, out=tmp_path / "reports")["table"]
+    assert t5.rows[0][1:3] == [f"{100 * classifier['validation']['f1_static_sl']:.0f}",
+                               f"{100 * classifier['validation']['f1_disco']:.0f}"]
+
     lines = {p: p.read_text().count("\n") for p in (tmp_path / "records").rglob("*.jsonl")}
     again = run_disco(tmp_path, data_file)  # a re-run redoes nothing: every run resumes complete
     assert {p: p.read_text().count("\n") for p in (tmp_path / "records").rglob("*.jsonl")} == lines

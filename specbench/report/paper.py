@@ -1,0 +1,170 @@
+"""Paper tables from runs/: an experiment's cells -> our entries, the published CSV -> the paper's entries,
+rendered side by side to Markdown, LaTeX and CSV (plus the figures the experiment lists)."""
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+from ..errors import ConfigError
+from .experiment import CONF_DIR, Cell, Experiment
+from .tables import Entry, Table, build_table, to_csv, to_latex, to_markdown
+
+PUBLISHED_DIR = Path(__file__).resolve().parent / "published"
+
+
+def known_methods() -> set[str]:
+    return {p.stem for p in (CONF_DIR / "method").glob("*.yaml")}
+
+
+def canonical(spec, key: str, value):
+    """Our identifier -> the paper's (e.g. cnndm_specbench -> cnndm) so both land in one row."""
+    mapping = (spec.get("canonical") or {}).get(key) or {}
+    return mapping.get(value, value) if isinstance(value, str) else value
+
+
+def identical_text(cell: Cell) -> str:
+    s = cell.summary
+    if s.get("is_baseline"):
+        return "(baseline)"
+    if cell.cfg.sampling.temperature > 0:
+        return "n/a (sampling)"
+    return f"{s['identical']}/{s['compared']}" if s.get("compared") else "no baseline"
+
+
+def match_stats(records: list[dict]) -> dict:
+    """Ouroboros Table 1 / Fig. 3: mean len(LCP) and #Match-k per rejected step (method.match_stats=true)."""
+    lcp = [n for r in records for n in ((r.get("extra") or {}).get("lcp") or [])]
+    out = {"lcp": sum(lcp) / len(lcp)} if lcp else {}
+    for r in records:
+        for k, values in ((r.get("extra") or {}).get("match_k") or {}).items():
+            out.setdefault(f"match_{k}", []).extend(values)
+    return {k: (sum(v) / len(v) if isinstance(v, list) and v else v) for k, v in out.items()
+            if not isinstance(v, list) or v}
+
+
+def cell_entry(spec, cell: Cell, keys: list[str]) -> Entry:
+    entry = Entry(keys={k: canonical(spec, k, cell.value(k)) for k in keys}, status=cell.status)
+    if cell.status != "ok":
+        return entry
+    s = cell.summary
+    repeats = s.get("repeats", 1) > 1
+    entry.values = {"tok_per_s": s.get("tok_per_s"), "speedup": s.get("speedup"), "ms_per_token": s.get("ms_per_token"),
+                    "tau": s.get("tau"), "acceptance_rate": s.get("acceptance_rate"),
+                    "accuracy": s.get("accuracy_primary"), "mean_sl": s.get("mean_sl"), "identical": identical_text(cell),
+                    **match_stats(cell.records)}
+    if s.get("speedup") is None and not s.get("is_baseline"):
+        entry.values["speedup"] = "no baseline"
+    if repeats:
+        entry.stds = {"tok_per_s": s.get("tok_per_s_std"), "speedup": s.get("speedup_std")}
+    return entry
+
+
+def published_entries(spec, keys: list[str]) -> list[Entry]:
+    """The paper's numbers: specbench/report/published/<file>.csv, long format (key columns, metric, value)."""
+    name = spec.get("published")
+    if not name:
+        return []
+    path = PUBLISHED_DIR / name
+    if not path.exists():
+        raise ConfigError(f"experiment.published: no file {path}; available: {sorted(p.name for p in PUBLISHED_DIR.glob('*.csv'))}")
+    with open(path) as fh:
+        rows = list(csv.DictReader(line for line in fh if not line.startswith("#")))
+    entries: dict[tuple, Entry] = {}
+    for row in rows:
+        key_values = {k: parse_value(row[k]) for k in keys if k in row}
+        e = entries.setdefault(tuple(sorted(key_values.items(), key=str)), Entry(keys=key_values))
+        e.values[row["metric"]] = float(row["value"])
+    return list(entries.values())
+
+
+def parse_value(text: str):
+    """CSV text -> the type a config value has (true/false, null, ints), so keys compare equal."""
+    lowered = text.strip().lower()
+    if lowered in ("true", "false"):
+        return lowered == "true"
+    if lowered in ("null", "none", ""):
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        try:
+            return float(text)
+        except ValueError:
+            return text
+
+
+def source_line(spec) -> str | None:
+    name = spec.get("published")
+    if not name or not (PUBLISHED_DIR / name).exists():
+        return None
+    first = (PUBLISHED_DIR / name).read_text().splitlines()[0]
+    return first.lstrip("# ").strip() if first.startswith("#") else None
+
+
+def environment_notes(exp: Experiment) -> list[str]:
+    notes, seen = [], set()
+    for cell in exp.cells:
+        if not cell.records:
+            continue
+        r = cell.records[0]
+        env = r.get("env") or {}
+        line = (f"ours: {r['pair']} ({r.get('dtype')}) on {env.get('device_name') or env.get('device')}, "
+                f"{env.get('torch_threads')} torch threads, max_new_tokens {r.get('max_new_tokens')}")
+        if line not in seen:
+            seen.add(line)
+            notes.append(line)
+    counts = sorted({(c.summary.get("prompts"), c.summary.get("repeats")) for c in exp.cells if c.status == "ok"})
+    if counts:
+        notes.append("ours: " + "; ".join(f"{p} prompt(s) × {k} repeat(s)" for p, k in counts) + " per cell"
+                     + (" (mean ± std over repeats)" if any(k > 1 for _, k in counts) else ""))
+    overlap = concurrent_cells(exp)
+    if overlap:
+        notes.append("warning: these runs were measured at the same time on one machine (a parallel launcher), so "
+                     "their timings disturb each other: " + ", ".join(overlap))
+    return notes
+
+
+def concurrent_cells(exp: Experiment) -> list[str]:
+    """Pairs of runs whose timed intervals overlap on the same host: their speeds are not comparable."""
+    spans = []
+    for cell in exp.cells:
+        if cell.records:
+            host = (cell.records[0].get("env") or {}).get("hostname")
+            start = min(r["timestamp"] - r["wall_s"] for r in cell.records)
+            end = max(r["timestamp"] for r in cell.records)
+            spans.append((host, start, end, cell.spec.method + "@" + cell.spec.data))
+    found = []
+    for i, (h1, s1, e1, n1) in enumerate(spans):
+        for h2, s2, e2, n2 in spans[i + 1:]:
+            if h1 == h2 and s1 < e2 and s2 < e1 and n1 != n2:
+                found.append(f"{n1} / {n2}")
+    return found
+
+
+def build(exp: Experiment, ours_entries: list[Entry] | None = None) -> Table:
+    spec = exp.spec
+    keys = [r["key"] for r in spec.rows] + [c["key"] for c in spec.get("columns") or []]
+    ours = ours_entries if ours_entries is not None else [cell_entry(spec, c, keys) for c in exp.cells]
+    table = build_table(spec, ours, published_entries(spec, keys), known_methods())
+    notes = []
+    if spec.get("highlight"):
+        titles = {r["key"]: r.get("title", r["key"]) for r in spec.rows}
+        within = ", ".join(titles.get(k, k) for k in spec.highlight.get("within") or [])
+        scope = f" within each {within}" if within else ""
+        notes.append(f"**bold** best, <u>underlined</u> second best per column{scope} (as the paper)")
+    source = source_line(spec)
+    if source:
+        notes.append(f"paper columns: {source}")
+    notes += [str(n) for n in spec.get("notes") or []]
+    notes += environment_notes(exp)
+    table.notes = notes
+    return table
+
+
+def write(table: Table, out_dir: Path, name: str) -> dict[str, Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = {"md": out_dir / f"{name}.md", "tex": out_dir / f"{name}.tex", "csv": out_dir / f"{name}.csv"}
+    paths["md"].write_text(to_markdown(table))
+    paths["tex"].write_text(to_latex(table))
+    paths["csv"].write_text(to_csv(table))
+    return paths

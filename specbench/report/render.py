@@ -1,0 +1,36 @@
+"""One experiment's report: table (md/tex/csv), figures, optional W&B report run."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..errors import ConfigError
+from .disco import disco_entries
+from .experiment import hydra_context, load_experiment
+from .figures import FIGURES
+from .paper import build, write
+from .tables import to_markdown
+
+
+def render_experiment(name: str, overrides: list[str] | None = None, out: Path = Path("runs/reports"),
+                      limit: int | None = None, logger: str | None = None, logger_dir: Path | None = None) -> dict:
+    """Returns {"table", "markdown", "paths" (kind -> file), "experiment"}."""
+    exp = load_experiment(name, overrides, limit)
+    ours = None
+    if exp.spec.get("pipeline"):
+        with hydra_context():
+            ours = disco_entries(exp.spec, exp.extras)
+    table = build(exp, ours)
+    out_dir = Path(out) / name
+    paths = write(table, out_dir, name)
+    for figure in exp.spec.get("figures") or []:
+        if figure not in FIGURES:
+            raise ConfigError(f"experiment.figures: {figure!r} is not one of {sorted(FIGURES)}")
+        for path in FIGURES[figure](exp, out_dir):
+            paths[f"{figure}.{path.suffix[1:]}"] = path
+    if logger == "wandb":
+        from ..tracking import log_report
+        log_report(name, table, [p for k, p in paths.items() if k.endswith(".png")],
+                   dir=str(logger_dir or "runs/wandb"))
+    elif logger not in (None, "none"):
+        raise ConfigError(f"logger={logger!r}: the report logs to wandb or nowhere (logger=wandb|none)")
+    return {"table": table, "markdown": to_markdown(table), "paths": paths, "experiment": exp}

@@ -1,0 +1,227 @@
+"""A paper table from entries: ours (one per sweep cell) beside the paper's published numbers.
+
+An ``Entry`` is one cell's numbers for one source (ours or the paper), named by its key values (e.g.
+``data.name=gsm8k, method.name=ouroboros, model.name=yi-34b-6b``). Rows are the experiment's row keys,
+column groups its column keys (the pair, or temperature x dataset); within a group come our metrics, then
+the paper's. Nothing is invented: a missing cell prints why it is missing.
+"""
+from __future__ import annotations
+
+import csv
+import io
+import math
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Metric:
+    header: str
+    spec: str = ".2f"
+    higher_is_better: bool = True
+    suffix: str = ""
+
+
+METRICS = {
+    "tok_per_s": Metric("tok/s"),
+    "speedup": Metric("speed-up", suffix="×"),
+    "ms_per_token": Metric("latency (ms/token)", higher_is_better=False),
+    "tau": Metric("τ"),
+    "acceptance_rate": Metric("acceptance", spec=".1%"),
+    "accuracy": Metric("accuracy", spec=".1f"),
+    "mean_sl": Metric("mean SL"),
+    "identical": Metric("identical to greedy"),
+    "lcp": Metric("len(LCP)", spec=".1f"),
+    **{f"match_{k}": Metric(f"#Match-{k}", spec=".1f") for k in (1, 2, 3, 4)},
+    "oracle_sl": Metric("oracle SL", spec=".1f"),
+    "f1_static_sl": Metric("F1 static SL", spec=".0f"),
+    "f1_disco": Metric("F1 DISCO", spec=".0f"),
+}
+
+
+@dataclass
+class Entry:
+    keys: dict                       # key path -> canonical value
+    values: dict = field(default_factory=dict)   # metric -> number (or text for `identical`)
+    stds: dict = field(default_factory=dict)     # metric -> std over repeats
+    status: str = "ok"               # ok | not run yet | failed: ... (ours only)
+
+
+@dataclass
+class Table:
+    title: str
+    header: list[str]                # flat column titles
+    groups: list[tuple[str, int]]    # (group title, span) over the metric columns, for LaTeX
+    rows: list[list[str]]            # cell texts, with **bold** / <u>underline</u> marks
+    notes: list[str]
+    tidy: list[dict]                 # one dict per number, for the CSV
+
+
+def number_text(value, std, metric: Metric) -> str:
+    if isinstance(value, str):
+        return value
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "–"
+    text = format(value, metric.spec) + metric.suffix
+    if std:  # std over repeats (only when there are several)
+        text += " ± " + format(std, metric.spec)
+    return text
+
+
+def ordered(values) -> list:
+    seen = []
+    for v in values:
+        if v not in seen:
+            seen.append(v)
+    return seen
+
+
+def build_table(spec, ours: list[Entry], paper: list[Entry], known_methods: set[str]) -> Table:
+    """spec: the experiment block (rows, columns, metrics, highlight, labels, title)."""
+    row_keys = [r["key"] for r in spec.rows]
+    col_keys = [c["key"] for c in spec.get("columns") or []]
+    labels = {k: dict(v) for k, v in (spec.get("labels") or {}).items()}
+
+    def label(key, value):
+        return str(labels.get(key, {}).get(value, labels.get(key, {}).get(str(value), value)))
+
+    def rkey(e):
+        return tuple(e.keys.get(k) for k in row_keys)
+
+    def ckey(e):
+        return tuple(e.keys.get(k) for k in col_keys)
+
+    appearance = ordered(rkey(e) for e in ours + paper)  # sweep order first, then the paper's extra rows
+    level_order = [ordered(r[i] for r in appearance) for i in range(len(row_keys))]
+    rows = sorted(appearance, key=lambda r: [level_order[i].index(v) for i, v in enumerate(r)])
+    groups = ordered([ckey(e) for e in ours] + [ckey(e) for e in paper])
+    our_metrics = list(spec.metrics)
+    paper_metrics = ordered([m for m in our_metrics if any(m in e.values for e in paper)]
+                            + [m for e in paper for m in e.values])
+    by_cell = {("ours", rkey(e), ckey(e)): e for e in ours}
+    by_cell.update({("paper", rkey(e), ckey(e)): e for e in paper})
+
+    columns = []  # (source, group, metric)
+    group_titles = []
+    for g in groups:
+        span = 0
+        for source, metrics in (("ours", our_metrics), ("paper", paper_metrics)):
+            if any((source, r, g) in by_cell for r in rows):
+                columns += [(source, g, m) for m in metrics]
+                span += len(metrics)
+        title = ", ".join(label(k, v) for k, v in zip(col_keys, g))
+        group_titles.append((title, span))
+
+    marks = highlight(spec, rows, row_keys, columns, by_cell)
+    body, tidy = [], []
+    for r in rows:
+        line = [label(k, v) for k, v in zip(row_keys, r)]
+        for source, g, m in columns:
+            e = by_cell.get((source, r, g))
+            first = columns.index((source, g, m)) == columns.index((source, g, (our_metrics if source == "ours" else paper_metrics)[0]))
+            line.append(cell_text(e, source, m, r, row_keys, known_methods, marks.get((source, r, g, m)), first))
+            if e is not None and e.status == "ok" and m in e.values:
+                tidy.append({**dict(zip(row_keys, r)), **dict(zip(col_keys, g)), "source": source, "metric": m,
+                             "value": e.values.get(m), "std": e.stds.get(m)})
+            elif source == "ours" and e is not None:
+                tidy.append({**dict(zip(row_keys, r)), **dict(zip(col_keys, g)), "source": source, "metric": m,
+                             "value": None, "std": None, "status": e.status})
+        body.append(line)
+    header = [r.get("title", r["key"]) for r in spec.rows]
+    for source, g, m in columns:
+        group = ", ".join(label(k, v) for k, v in zip(col_keys, g))
+        header.append(" ".join(x for x in (group, f"({source})", METRICS.get(m, Metric(m)).header) if x))
+    return Table(title=spec.get("title", ""), header=header, groups=group_titles, rows=body, notes=[], tidy=tidy)
+
+
+def cell_text(e: Entry | None, source: str, metric: str, row, row_keys, known_methods, mark, first=True) -> str:
+    """A number, or why there is none (said once per cell, in its first metric column)."""
+    if not first and (e is None or e.status != "ok"):
+        return ""
+    if e is None:
+        if source == "paper":
+            return "not reported"
+        method = dict(zip(row_keys, row)).get("method.name")
+        if method is not None and method not in known_methods:
+            return "not implemented"
+        return "not in this sweep"
+    if e.status != "ok":
+        return e.status
+    if metric not in e.values or e.values[metric] is None:
+        return "–"
+    text = number_text(e.values[metric], e.stds.get(metric), METRICS.get(metric, Metric(metric)))
+    return {"best": f"**{text}**", "second": f"<u>{text}</u>"}.get(mark, text)
+
+
+def highlight(spec, rows, row_keys, columns, by_cell) -> dict:
+    """Bold the best and underline the second best of each highlighted metric among rows sharing the
+    ``highlight.within`` row keys (the papers' convention), per column and source."""
+    h = spec.get("highlight")
+    if not h:
+        return {}
+    within = list(h.get("within") or [])
+    marks = {}
+    for source, g, m in columns:
+        if m not in h.metrics:
+            continue
+        higher = METRICS.get(m, Metric(m)).higher_is_better
+        parts = {}
+        for r in rows:
+            e = by_cell.get((source, r, g))
+            if e is not None and e.status == "ok" and isinstance(e.values.get(m), (int, float)):
+                part = tuple(v for k, v in zip(row_keys, r) if k in within)
+                parts.setdefault(part, []).append((e.values[m], r))
+        for scored in parts.values():
+            scored.sort(key=lambda x: -x[0] if higher else x[0])
+            if len(scored) >= 2:
+                marks[(source, scored[0][1], g, m)] = "best"
+                marks[(source, scored[1][1], g, m)] = "second"
+    return marks
+
+
+def to_markdown(table: Table) -> str:
+    def row(cells):
+        return "| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |"
+    lines = [f"### {table.title}", ""] if table.title else []
+    lines += [row(table.header), row(["---"] * len(table.header)), *[row(r) for r in table.rows]]
+    if table.notes:
+        lines += [""] + [f"- {n}" for n in table.notes]
+    return "\n".join(lines) + "\n"
+
+
+def latex_escape(text: str) -> str:
+    out = str(text)
+    for a, b in (("\\", r"\textbackslash{}"), ("&", r"\&"), ("%", r"\%"), ("_", r"\_"), ("#", r"\#"),
+                 ("±", r"$\pm$"), ("×", r"$\times$"), ("τ", r"$\tau$"), ("†", r"$^\dagger$"), ("–", "--")):
+        out = out.replace(a, b)
+    return out
+
+
+def latex_cell(text: str) -> str:
+    if text.startswith("**") and text.endswith("**"):
+        return r"\textbf{" + latex_escape(text[2:-2]) + "}"
+    if text.startswith("<u>") and text.endswith("</u>"):
+        return r"\underline{" + latex_escape(text[3:-4]) + "}"
+    return latex_escape(text)
+
+
+def to_latex(table: Table) -> str:
+    n_keys = len(table.header) - sum(span for _, span in table.groups)
+    lines = [r"\begin{table}[t]", r"\centering", r"\small",
+             r"\begin{tabular}{" + "l" * n_keys + "r" * (len(table.header) - n_keys) + "}", r"\toprule"]
+    if any(title for title, _ in table.groups):
+        top = [""] * n_keys + [rf"\multicolumn{{{span}}}{{c}}{{{latex_escape(title)}}}" for title, span in table.groups if span]
+        lines.append(" & ".join(top) + r" \\")
+    lines.append(" & ".join(latex_escape(h) for h in table.header) + r" \\")
+    lines.append(r"\midrule")
+    lines += [" & ".join(latex_cell(c) for c in r) + r" \\" for r in table.rows]
+    lines += [r"\bottomrule", r"\end{tabular}", rf"\caption{{{latex_escape(table.title)}}}", r"\end{table}"]
+    return "\n".join(lines) + "\n"
+
+
+def to_csv(table: Table) -> str:
+    fields = ordered(k for row in table.tidy for k in row)
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=fields, lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(table.tidy)
+    return buf.getvalue()

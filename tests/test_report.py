@@ -1,0 +1,258 @@
+"""Paper tables from runs/: table building on hand-made entries, a golden Markdown table from a tiny-model
+sweep, figures, parallel launchers, kill-and-resume of a sweep, the W&B report run and the notebook."""
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from specbench.errors import ConfigError
+from specbench.report.experiment import expand_grid, load_experiment
+from specbench.report.render import render_experiment
+from specbench.report.tables import Entry, build_table, to_csv, to_latex, to_markdown
+
+from .conftest import ROOT, run_cli
+
+GOLDEN = Path(__file__).parent / "golden"
+TABLE2 = ["+experiment=ouroboros_table2", "model=tiny_llama", "data=gsm8k", "data.limit=2", "data.max_new_tokens=12"]
+REPORT_OVERRIDES = ["model=tiny_llama", "data.limit=2", "data.max_new_tokens=12"]
+
+
+# --- hand-built entries -------------------------------------------------------------------------------
+
+def spec(**extra):
+    base = {"title": "T", "rows": [{"key": "data.name", "title": "Task"}, {"key": "method.name", "title": "Algorithm"}],
+            "columns": [{"key": "model.name", "title": "Pair"}], "metrics": ["tok_per_s", "identical"],
+            "highlight": {"metrics": ["tok_per_s"], "within": ["data.name"]}}
+    return OmegaConf.create({**base, **extra})
+
+
+def entry(data, method, pair, status="ok", **values):
+    return Entry(keys={"data.name": data, "method.name": method, "model.name": pair}, values=values, status=status)
+
+
+def test_table_marks_best_and_second_within_each_task_and_says_why_cells_are_missing():
+    ours = [entry("gsm8k", "greedy", "tiny", tok_per_s=10.0, identical="(baseline)"),
+            entry("gsm8k", "speculative", "tiny", tok_per_s=30.0, identical="2/2"),
+            entry("gsm8k", "lookahead", "tiny", tok_per_s=20.0, identical="2/2"),
+            entry("cnndm", "greedy", "tiny", status="not run yet")]
+    paper = [entry("gsm8k", "greedy", "yi", tok_per_s=15.33), entry("gsm8k", "eagle", "yi", tok_per_s=40.0)]
+    table = build_table(spec(), ours, paper, known_methods={"greedy", "speculative", "lookahead"})
+    md = to_markdown(table)
+    rows = {tuple(r[:2]): r[2:] for r in table.rows}
+    assert rows[("gsm8k", "speculative")][0] == "**30.00**" and rows[("gsm8k", "lookahead")][0] == "<u>20.00</u>"
+    assert rows[("cnndm", "greedy")][:2] == ["not run yet", ""]          # status once, in the first column
+    assert rows[("gsm8k", "eagle")][:2] == ["not implemented", ""]       # a method we do not have
+    assert rows[("gsm8k", "speculative")][2] == "not reported"           # the paper has no such cell
+    assert table.header[2:] == ["tiny (ours) tok/s", "tiny (ours) identical to greedy", "yi (paper) tok/s"]
+    assert "| gsm8k | speculative | **30.00** | 2/2 | not reported |" in md
+    tex = to_latex(table)
+    assert r"\textbf{30.00}" in tex and r"\underline{20.00}" in tex and r"\multicolumn{2}{c}{tiny}" in tex
+    csv_text = to_csv(table)
+    assert "gsm8k,speculative,tiny,ours,tok_per_s,30.0" in csv_text and "paper,tok_per_s,15.33" in csv_text
+
+
+def test_repeats_print_mean_and_std():
+    ours = [Entry(keys={"data.name": "g", "method.name": "greedy", "model.name": "p"}, values={"tok_per_s": 12.0},
+                  stds={"tok_per_s": 0.5})]
+    table = build_table(spec(highlight=None), ours, [], known_methods={"greedy"})
+    assert table.rows[0][2] == "12.00 ± 0.50"
+
+
+def test_sweep_grid_takes_command_line_values_over_the_experiment():
+    params = {"data": "gsm8k,cnndm", "method": "greedy,speculative"}
+    jobs = expand_grid(params, ["data=humaneval", "method.gamma=3,5"])
+    assert jobs == [["method=greedy", "data=humaneval", "method.gamma=3"], ["method=greedy", "data=humaneval", "method.gamma=5"],
+                    ["method=speculative", "data=humaneval", "method.gamma=3"],
+                    ["method=speculative", "data=humaneval", "method.gamma=5"]]
+
+
+def test_unknown_experiment_and_bad_figure_are_clear_errors(tmp_path):
+    with pytest.raises(ConfigError, match="available: .*ouroboros_table2"):
+        load_experiment("ouroboros_tabel2")
+    with pytest.raises(ConfigError, match="experiment.figures: 'pie'"):
+        render_experiment("ouroboros_fig5", ["model=tiny_llama", "experiment.figures=[pie]",
+                                             f"runner.records_dir={tmp_path}"], out=tmp_path)
+
+
+@pytest.mark.parametrize("name", sorted(p.stem for p in (ROOT / "conf" / "experiment").glob("*.yaml")))
+def test_every_experiment_renders_before_anything_ran(tmp_path, name):
+    """Every experiment composes, expands its sweep and renders: our cells say why they are empty, the
+    paper's numbers are there."""
+    result = render_experiment(name, [f"runner.records_dir={tmp_path / 'records'}",
+                                      f"+experiment.disco_overrides=['disco.out_dir={tmp_path / 'disco'}']"]
+                               if name.startswith("disco") else [f"runner.records_dir={tmp_path / 'records'}"],
+                               out=tmp_path / "reports")
+    md = result["markdown"]
+    assert "not run yet" in md
+    assert result["paths"]["md"].exists() and result["paths"]["tex"].exists() and result["paths"]["csv"].exists()
+    if result["experiment"].spec.get("published"):
+        assert "(paper)" in md and "paper columns: Source:" in md
+
+
+# --- a tiny-model sweep -------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def table2_sweep(tmp_path_factory):
+    """Ouroboros Table 2's sweep on the tiny pair, GSM8K only (5 jobs, basic launcher)."""
+    root = tmp_path_factory.mktemp("table2")
+    run_cli("-m", *TABLE2, records_dir=root / "records")
+    return root
+
+
+def normalise(markdown: str) -> list[list[str]]:
+    """Table cells, with our timing columns (tok/s, speed-up: machine-dependent) reduced to '#' and their
+    bold/underline marks dropped; everything else (structure, τ, identity, paper numbers) stays exact."""
+    lines = [line for line in markdown.splitlines() if line.startswith("|")]
+    header = [c.strip() for c in lines[0].strip("|").split("|")]
+    timing = {i for i, h in enumerate(header) if "(ours)" in h and ("tok/s" in h or "speed-up" in h)}
+    rows = []
+    for line in lines:
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        rows.append(["#" if i in timing and re.fullmatch(r"(\*\*|<u>)?[\d.]+×?( ± [\d.]+)?(\*\*|</u>)?", c) else c
+                     for i, c in enumerate(cells)])
+    return rows
+
+
+def test_golden_markdown_table_from_a_tiny_sweep(table2_sweep, tmp_path):
+    result = render_experiment("ouroboros_table2", [*REPORT_OVERRIDES, f"runner.records_dir={table2_sweep / 'records'}"],
+                               out=tmp_path)
+    expected = (GOLDEN / "ouroboros_table2_tiny.md").read_text()
+    got, want = normalise(result["markdown"]), normalise(expected)
+    assert len(got) == len(want), result["markdown"]
+    for g, w in zip(got, want):
+        assert g == w, f"\n got: {g}\nwant: {w}"
+    notes = [line for line in result["markdown"].splitlines() if line.startswith("- ")]
+    assert any("paper columns: Source: Zhao et al. 2024" in n for n in notes)
+    assert any(n.startswith("- ours: tiny-llama (float32)") for n in notes)
+
+
+def test_figures_exist_for_an_experiment_with_data(table2_sweep, tmp_path):
+    result = render_experiment("ouroboros_table2", [*REPORT_OVERRIDES, f"runner.records_dir={table2_sweep / 'records'}"],
+                               out=tmp_path)
+    for name in ("speed_bars", "tau_speedup"):
+        for suffix in ("png", "pdf"):
+            path = result["paths"][f"{name}.{suffix}"]
+            assert path.exists() and path.stat().st_size > 5000, path
+
+
+def test_report_logs_a_wandb_report_run_offline(table2_sweep, tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    render_experiment("ouroboros_table2", [*REPORT_OVERRIDES, f"runner.records_dir={table2_sweep / 'records'}"],
+                      out=tmp_path / "reports", logger="wandb", logger_dir=tmp_path / "wandb")
+    runs = list((tmp_path / "wandb").rglob("offline-run-*"))
+    assert runs and any(p.suffix == ".wandb" for p in runs[0].rglob("*"))
+
+
+def test_notebook_executes_against_tiny_records(table2_sweep, tmp_path):
+    import nbformat
+    from nbclient import NotebookClient
+
+    nb = nbformat.read(ROOT / "notebooks" / "results.ipynb", as_version=4)
+    env = {"SPECBENCH_EXPERIMENT": "ouroboros_table2", "SPECBENCH_REPORT_OUT": str(tmp_path),
+           "SPECBENCH_OVERRIDES": json.dumps([*REPORT_OVERRIDES, f"runner.records_dir={table2_sweep / 'records'}"])}
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(ROOT / "notebooks")}}).execute()
+    finally:
+        for k, v in old.items():
+            os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
+    outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs]
+    assert not [o for o in outputs if o.get("output_type") == "error"]
+    markdown = [o["data"]["text/markdown"] for o in outputs if "text/markdown" in o.get("data", {})]
+    assert markdown and "| GSM8K | Ouroboros† |" in markdown[0]
+    assert sum("image/png" in o.get("data", {}) for o in outputs) >= 2
+
+
+# --- launchers and interruption -----------------------------------------------------------------------
+
+def record_lines(records_dir: Path) -> dict[str, list[str]]:
+    return {p.name: p.read_text().splitlines() for p in sorted(records_dir.rglob("*.jsonl"))}
+
+
+def assert_clean_records(records_dir: Path, prompts: int, files: int):
+    lines = record_lines(records_dir)
+    assert len(lines) == files, sorted(lines)
+    for name, rows in lines.items():
+        parsed = [json.loads(r) for r in rows]  # every line is whole JSON
+        keys = [(r["prompt_id"], r["repeat"]) for r in parsed]
+        assert len(keys) == len(set(keys)) == prompts, (name, keys)
+
+
+@pytest.mark.parametrize("launcher", ["joblib", "submitit_local"])
+def test_parallel_launchers_complete_and_the_report_sees_every_job(tmp_path, launcher):
+    records = tmp_path / "records"
+    extra = ["hydra.launcher.n_jobs=2"] if launcher == "joblib" else []
+    run_cli("-m", *TABLE2, "method=greedy,speculative,lookahead,ouroboros", f"hydra/launcher={launcher}", *extra,
+            records_dir=records)
+    assert_clean_records(records, prompts=2, files=4)  # the shared greedy baseline is measured once
+    exp = render_experiment("ouroboros_table2", [*REPORT_OVERRIDES, f"runner.records_dir={records}",
+                                                 "method=greedy,speculative,lookahead,ouroboros"], out=tmp_path)["experiment"]
+    gsm8k = [c for c in exp.cells if c.value("data.name") == "gsm8k"]
+    assert len(gsm8k) == 4 and all(c.status == "ok" for c in gsm8k)
+
+
+def test_killed_sweep_reruns_only_missing_work(tmp_path):
+    records = tmp_path / "records"
+    args = [sys.executable, "-m", "specbench", "-m", *TABLE2[:3], "data.limit=5", "data.max_new_tokens=64",
+            f"runner.records_dir={records}", f"hydra.sweep.dir={tmp_path / 'multirun'}", "runner.progress=false"]
+    proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.time() + 240
+    while time.time() < deadline and proc.poll() is None:
+        lookahead = list(records.rglob("lookahead-*.jsonl"))  # the third job of five has started writing
+        if lookahead and lookahead[0].read_text().count("\n") >= 1:
+            break
+        time.sleep(0.01)
+    os.killpg(proc.pid, signal.SIGKILL)  # a crash: no cleanup, maybe mid-write
+    proc.wait(timeout=60)
+    before = record_lines(records)
+    done = {n: rows for n, rows in before.items() if len(rows) == 5}
+    assert any(n.startswith("greedy") for n in done) and any(n.startswith("speculative") for n in done)
+    assert not any(n.startswith("ouroboros_warm") for n in before), "the sweep must be cut mid-way"
+
+    rerun = run_cli("-m", *TABLE2[:3], "data.limit=5", "data.max_new_tokens=64", records_dir=records)
+    after = record_lines(records)
+    for name, rows in done.items():
+        assert after[name] == rows, f"{name}: a finished job was redone"
+    for name, rows in before.items():
+        complete = [r for r in rows if r.endswith("}")]
+        assert after[name][: len(complete)] == complete, f"{name}: finished records were rewritten"
+    assert rerun.stderr.count("5 record(s) kept, 0 to run") >= 2
+    assert_clean_records(records, prompts=5, files=5)
+
+
+# --- the other figures, each from a small tiny-model sweep of its experiment ----------------------------
+
+@pytest.mark.parametrize("name, sweep, figure", [
+    ("ouroboros_fig5", ["data.limit=1", "method.top_k=1,3"], "topk_curve"),
+    ("ouroboros_table1", ["data=gsm8k", "data.limit=1"], "match_k_bars"),
+])
+def test_experiment_figures_from_tiny_sweeps(tmp_path, name, sweep, figure):
+    records = tmp_path / "records"
+    common = ["model=tiny_llama", "data.max_new_tokens=24", f"runner.records_dir={records}"]
+    run_cli("-m", f"+experiment={name}", *common, *sweep, records_dir=records)
+    result = render_experiment(name, [*common, *sweep], out=tmp_path / "reports")
+    assert all(c.status == "ok" for c in result["experiment"].cells)
+    assert result["paths"][f"{figure}.png"].stat().st_size > 5000
+    if name == "ouroboros_table1":  # our measured len(LCP) and #Match-k beside the paper's Table 1
+        row = next(r for r in result["table"].rows if r[0] == "gsm8k")
+        assert all(re.fullmatch(r"[\d.]+", c) for c in row[1:6]), row
+
+
+def test_ablation_sweep_rows_land_on_the_papers_rows(tmp_path):
+    records = tmp_path / "records"
+    common = ["model=tiny_llama", "data.limit=1", "data.max_new_tokens=16", "method.gamma=4", "method.window=4",
+              "method.beta=3"]
+    run_cli("-m", "+experiment=ouroboros_table3", *common, "ouroboros_ablation@method=none,all", records_dir=records)
+    table = render_experiment("ouroboros_table3", [*common, f"runner.records_dir={records}"], out=tmp_path)["table"]
+    rows = {tuple(r[:3]): r[3:] for r in table.rows}
+    for flags in (("", "", ""), ("✓", "✓", "✓")):
+        assert re.fullmatch(r"(\*\*|<u>)?[\d.]+(\*\*|</u>)?", rows[flags][0]), rows[flags]   # ours, measured
+    assert rows[("✓", "", "")][0] == "not run yet" and rows[("✓", "✓", "✓")][-1] == "**58.18**"  # paper's best
