@@ -5,6 +5,7 @@ or the network; ``wandb sync runs/wandb/offline-run-*`` uploads offline runs lat
 """
 from __future__ import annotations
 
+import io
 import json
 import os
 from pathlib import Path
@@ -50,6 +51,7 @@ def init_run(project: str, entity: str | None, mode: str, dir: Path, **kwargs):
 
 def accept_length_figure(accept_lengths: list[int]):
     """Histogram of tokens emitted per target forward (gpt-fast's acceptance histogram), as a W&B image."""
+    import PIL.Image
     import wandb
     from matplotlib.figure import Figure
 
@@ -59,7 +61,10 @@ def accept_length_figure(accept_lengths: list[int]):
     ax.set_xlabel("tokens per target forward")
     ax.set_ylabel("steps")
     fig.tight_layout()
-    return wandb.Image(fig)
+    buffer = io.BytesIO()  # wandb.Image(fig) would need pyplot's global state; a PNG does not
+    fig.savefig(buffer, format="png", dpi=120, bbox_inches="tight")
+    buffer.seek(0)
+    return wandb.Image(PIL.Image.open(buffer))
 
 
 def log_report(name: str, table, images: list[Path], project: str = "specbench", entity: str | None = None,

@@ -243,7 +243,7 @@ def test_experiment_figures_from_tiny_sweeps(tmp_path, name, sweep, figure):
     assert result["paths"][f"{figure}.png"].stat().st_size > 5000
     if name == "ouroboros_table1":  # our measured len(LCP) and #Match-k beside the paper's Table 1
         row = next(r for r in result["table"].rows if r[0] == "gsm8k")
-        assert all(re.fullmatch(r"[\d.]+", c) for c in row[1:6]), row
+        assert all(re.fullmatch(r"[\d.]+", c) for c in row[1:7]), row
 
 
 def test_ablation_sweep_rows_land_on_the_papers_rows(tmp_path):
@@ -256,3 +256,45 @@ def test_ablation_sweep_rows_land_on_the_papers_rows(tmp_path):
     for flags in (("", "", ""), ("✓", "✓", "✓")):
         assert re.fullmatch(r"(\*\*|<u>)?[\d.]+(\*\*|</u>)?", rows[flags][0]), rows[flags]   # ours, measured
     assert rows[("✓", "", "")][0] == "not run yet" and rows[("✓", "✓", "✓")][-1] == "**58.18**"  # paper's best
+
+
+def test_optuna_search_runs_trials_and_reports_the_best(tmp_path):
+    records = tmp_path / "records"
+    run_cli("-m", "+search=ouroboros_optuna", "data.limit=1", "data.max_new_tokens=12", "hydra.sweeper.n_trials=2",
+            "hydra.sweeper.sampler.n_startup_trials=2", records_dir=records)
+    result = OmegaConf.load(tmp_path / "multirun" / "optimization_results.yaml")
+    assert result.best_value > 0 and set(result.best_params) == {"method.gamma", "method.window", "method.beta",
+                                                                 "method.top_k"}
+    assert 1 <= len(list(records.rglob("ouroboros-*.jsonl"))) <= 2 and len(list(records.rglob("greedy-*.jsonl"))) == 1
+
+
+def test_notes_warn_about_concurrent_timing_and_far_apart_baselines():
+    from types import SimpleNamespace
+
+    from specbench.report.paper import baseline_gap_hours, concurrent_cells
+
+    def rec(end, wall=10.0, host="h"):
+        return {"timestamp": end, "wall_s": wall, "env": {"hostname": host}}
+
+    def cell(method, records, baseline=()):
+        return SimpleNamespace(records=records, baseline_records=list(baseline),
+                               spec=SimpleNamespace(method=method, data="gsm8k"))
+
+    a = cell("speculative", [rec(100.0), rec(110.0)], baseline=[rec(100.0 + 7200)])
+    b = cell("lookahead", [rec(105.0)])           # timed 95..105: inside a's 90..110
+    c = cell("ouroboros", [rec(500.0)])
+    d = cell("ouroboros_warm", [rec(105.0, host="other")])  # another machine: no interference
+    assert concurrent_cells(SimpleNamespace(cells=[a, b, c, d])) == ["speculative@gsm8k / lookahead@gsm8k"]
+    assert abs(baseline_gap_hours(a) - (7300 - 110) / 3600) < 1e-9 and baseline_gap_hours(b) == 0.0
+
+
+def test_a_failed_job_does_not_stop_the_sweep_and_its_cell_says_why(tmp_path):
+    records = tmp_path / "records"
+    common = ["model=tiny_llama", "data=gsm8k", "data.limit=1", "data.max_new_tokens=8", "sampling.temperature=1"]
+    proc = run_cli("-m", "+experiment=griffin_table1", *common, "method=lookahead,speculative", records_dir=records,
+                   check=False)
+    assert proc.returncode != 0 and "supports temperature 0 only" in proc.stderr
+    table = render_experiment("griffin_table1", [*common, f"runner.records_dir={records}"], out=tmp_path)["table"]
+    rows = {r[1]: r[2:] for r in table.rows if r[0] == "tiny-llama"}
+    assert rows["Lookahead"][0].startswith("failed: sampling.temperature: method 'lookahead'")
+    assert re.fullmatch(r"(\*\*|<u>)?[\d.]+×(\*\*|</u>)?", rows["SPS"][0]), rows["SPS"]  # the job after it ran

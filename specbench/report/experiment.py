@@ -40,6 +40,7 @@ class Cell:
     spec: RunSpec
     baseline: RunSpec
     records: list[dict] = field(default_factory=list)
+    baseline_records: list[dict] = field(default_factory=list)
     status: str = "not run yet"   # ok | not run yet | failed: <why>
     summary: dict = field(default_factory=dict)
 
@@ -55,6 +56,7 @@ class Experiment:
     cells: list[Cell]
     overrides: list[str]
     extras: dict = field(default_factory=dict)  # figure data that are not cells (DISCO's oracle SL sequences)
+    entries: list = field(default_factory=list)  # our table entries (tables.Entry), set when the table is built
 
 
 @contextmanager
@@ -126,6 +128,7 @@ def load_cell(job: list[str], cfg: DictConfig, limit: int | None) -> Cell:
     cell.status = "ok"
     is_baseline = cell.baseline.key == cell.spec.key
     base = None if is_baseline else select(cell.baseline.store.load(), cell.baseline.key, limit) or None
+    cell.baseline_records = base or []
     cell.summary = summarize(cell.records, base, exact=cfg.sampling.temperature == 0, is_baseline=is_baseline)
     cell.summary["accuracy_primary"] = primary_value(cell.summary.get("accuracy"))
     cell.summary["mean_sl"] = mean_sl(cell.records)

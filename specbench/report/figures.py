@@ -9,12 +9,13 @@ tau_speedup    τ (tokens per target forward) against measured speed-up, one poi
 """
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 from pathlib import Path
 
 from matplotlib.figure import Figure  # no pyplot: no global backend state, safe in notebooks and workers
 
-from .paper import canonical, match_stats
+from .paper import canonical, match_stats, published_entries
 
 WARM_SUFFIX = "_warm"
 
@@ -46,37 +47,52 @@ def decorate(ax, exp, xlabel: str, ylabel: str, grid: str = "both") -> None:
     ax.set_title(exp.spec.get("title", exp.name), fontsize=8)
 
 
+def speed_panels(exp) -> dict[str, dict[tuple, float]]:
+    """tok/s per (task, method), one panel per pair: ours from the cells, then the paper's published ones."""
+    panels: dict[str, dict[tuple, float]] = {}
+    for c in ok_cells(exp):
+        if c.summary.get("tok_per_s"):
+            task = canonical(exp.spec, "data.name", c.value("data.name"))
+            panels.setdefault(f"{c.spec.pair} (ours)", {})[(task, c.spec.method)] = c.summary["tok_per_s"]
+    if panels:  # the paper beside ours, only once we have something to compare
+        keys = [r["key"] for r in exp.spec.rows] + [c["key"] for c in exp.spec.get("columns") or []]
+        for e in published_entries(exp.spec, keys):
+            if "tok_per_s" in e.values and e.keys.get("model.name") and e.keys.get("method.name"):
+                pair = label_of(exp, "model.name", e.keys["model.name"])
+                panels.setdefault(f"{pair} (paper)", {})[(e.keys.get("data.name"), e.keys["method.name"])] = e.values["tok_per_s"]
+    return panels
+
+
 def speed_bars(exp, out_dir: Path) -> list[Path]:
-    cells = [c for c in ok_cells(exp) if c.summary.get("tok_per_s")]
-    if not cells:
+    panels = speed_panels(exp)
+    if not panels:
         return []
-    pairs = list(dict.fromkeys(c.spec.pair for c in cells))
-    fig = Figure(figsize=(5.5 * len(pairs), 3.6))
-    axes = fig.subplots(1, len(pairs), squeeze=False)
-    for ax, pair in zip(axes[0], pairs):
-        mine = [c for c in cells if c.spec.pair == pair]
-        tasks = list(dict.fromkeys(c.value("data.name") for c in mine))
-        methods = [m for m in dict.fromkeys(c.spec.method for c in mine) if not m.endswith(WARM_SUFFIX)]
-        speed = {(c.value("data.name"), c.spec.method): c.summary["tok_per_s"] for c in mine}
+    fig = Figure(figsize=(4.2 * len(panels) + 1.8, 3.6))
+    axes = fig.subplots(1, len(panels), squeeze=False)
+    handles = {}
+    for ax, (title, speed) in zip(axes[0], panels.items()):
+        tasks = list(dict.fromkeys(task for task, _ in speed))
+        methods = [m for m in dict.fromkeys(m for _, m in speed) if not m.endswith(WARM_SUFFIX)]
         width = 0.8 / max(len(methods), 1)
         for j, method in enumerate(methods):
             xs = [i + (j - (len(methods) - 1) / 2) * width for i in range(len(tasks))]
             cold = [speed.get((t, method), 0.0) for t in tasks]
-            bars = ax.bar(xs, cold, width, label=label_of(exp, "method.name", method))
+            bars = ax.bar(xs, cold, width, color=f"C{j}")
+            handles[label_of(exp, "method.name", method)] = bars
             warm = [speed.get((t, method + WARM_SUFFIX)) for t in tasks]
-            if any(w is not None for w in warm):
-                gain = [max((w or c) - c, 0.0) for w, c in zip(warm, cold)]
-                ax.bar(xs, gain, width, bottom=cold, color=bars.patches[0].get_facecolor(), alpha=0.45, hatch="//",
-                       edgecolor="black", linewidth=0.4, label=label_of(exp, "method.name", method + WARM_SUFFIX) + " (warm-start gain)")
-                slower = [(x, w) for x, w, c in zip(xs, warm, cold) if w is not None and w < c]
-                if slower:  # warm start measured slower: no shading, a marker at the warm speed instead
-                    ax.scatter([x for x, _ in slower], [w for _, w in slower], marker="_", s=300, color="black",
-                               zorder=3, label="warm start (slower than cold)")
+            gain = [max(w - c, 0.0) if w is not None else 0.0 for w, c in zip(warm, cold)]
+            if any(gain):  # the paper's Fig. 4: the warm-start gain shaded on top of the cold bar
+                handles[label_of(exp, "method.name", method + WARM_SUFFIX) + ": warm-start gain"] = ax.bar(
+                    xs, gain, width, bottom=cold, color=f"C{j}", alpha=0.45, hatch="//", edgecolor="black", linewidth=0.4)
+            slower = [(x, w) for x, w, c in zip(xs, warm, cold) if w is not None and w < c]
+            if slower:  # warm start measured slower: a marker at the warm speed instead
+                handles[label_of(exp, "method.name", method + WARM_SUFFIX) + ": slower than cold"] = ax.scatter(
+                    [x for x, _ in slower], [w for _, w in slower], marker="_", s=300, color="black", zorder=3)
         ax.set_xticks(range(len(tasks)), [label_of(exp, "data.name", t) for t in tasks])
         ax.set_ylabel("decoding speed (tok/s)")
-        ax.set_title(pair)
+        ax.set_title(title, fontsize=9)
         ax.grid(axis="y", alpha=0.3)
-    axes[0][-1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    fig.legend(list(handles.values()), list(handles), fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5))
     fig.suptitle(exp.spec.get("title", exp.name), fontsize=9)
     return save(fig, out_dir, "speed_bars")
 
@@ -105,14 +121,14 @@ def match_k_bars(exp, out_dir: Path) -> list[Path]:
             stats[(c.spec.pair, label_of(exp, "data.name", c.value("data.name")))] = s
     if not stats:
         return []
-    keys = ["lcp"] + sorted(k for k in {k for s in stats.values() for k in s} if k.startswith("match_"))
+    keys = ["lcp"] + sorted(k for k in {k for s in stats.values() for k in s} if re.fullmatch(r"match_\d+", k))
     fig = Figure(figsize=(5.2, 3.4))
     ax = fig.subplots()
     width = 0.8 / len(stats)
     for j, ((pair, task), s) in enumerate(stats.items()):
         xs = [i + (j - (len(stats) - 1) / 2) * width for i in range(len(keys))]
         ax.bar(xs, [s.get(k, 0.0) for k in keys], width, label=f"{task} ({pair})")
-    ax.set_xticks(range(len(keys)), ["len(LCP)" if k == "lcp" else f"#Match-{k.split('_')[1]}" for k in keys])
+    ax.set_xticks(range(len(keys)), ["len(LCP)" if k == "lcp" else f"#Match-{k.split('_')[1]}\n(discarded)" for k in keys])
     decorate(ax, exp, "", "tokens per rejected step (mean)", grid="y")
     return save(fig, out_dir, "match_k_bars")
 
@@ -136,17 +152,26 @@ def oracle_sl_hist(exp, out_dir: Path) -> list[Path]:
 
 
 def tau_speedup(exp, out_dir: Path) -> list[Path]:
-    cells = [c for c in ok_cells(exp) if isinstance(c.summary.get("tau"), float) and isinstance(c.summary.get("speedup"), float)]
-    if not cells:
+    """From the table's own entries (sweep cells or pipeline rows): coloured by the column group (pair,
+    temperature x task) and the first row key when there are several, each point named by the other row keys."""
+    points = [e for e in exp.entries if e.status == "ok" and isinstance(e.values.get("tau"), float)
+              and isinstance(e.values.get("speedup"), float)]
+    if not points:
         return []
+    row_keys = [r["key"] for r in exp.spec.rows]
+    col_keys = [c["key"] for c in exp.spec.get("columns") or []]
+    colour_keys, name_keys = (row_keys[:1], row_keys[1:]) if len(row_keys) > 1 else ([], row_keys)
     fig = Figure(figsize=(4.8, 3.6))
     ax = fig.subplots()
-    for task in dict.fromkeys(c.value("data.name") for c in cells):
-        mine = [c for c in cells if c.value("data.name") == task]
-        ax.scatter([c.summary["tau"] for c in mine], [c.summary["speedup"] for c in mine], label=label_of(exp, "data.name", task))
-        for c in mine:
-            ax.annotate(label_of(exp, "method.name", c.spec.method), (c.summary["tau"], c.summary["speedup"]), fontsize=6,
-                        xytext=(3, 3), textcoords="offset points")
+    groups = {}
+    for e in points:
+        group = ", ".join(label_of(exp, k, e.keys.get(k)) for k in colour_keys + col_keys) or exp.name
+        groups.setdefault(group, []).append(e)
+    for group, mine in groups.items():
+        ax.scatter([e.values["tau"] for e in mine], [e.values["speedup"] for e in mine], label=group)
+        for e in mine:
+            name = " / ".join(label_of(exp, k, e.keys.get(k)) or "–" for k in name_keys)
+            ax.annotate(name, (e.values["tau"], e.values["speedup"]), fontsize=6, xytext=(3, 3), textcoords="offset points")
     ax.axhline(1.0, color="grey", lw=0.8, ls="--")
     decorate(ax, exp, "τ (tokens per target forward)", "speed-up vs greedy")
     return save(fig, out_dir, "tau_speedup")

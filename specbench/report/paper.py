@@ -32,14 +32,18 @@ def identical_text(cell: Cell) -> str:
 
 
 def match_stats(records: list[dict]) -> dict:
-    """Ouroboros Table 1 / Fig. 3: mean len(LCP) and #Match-k per rejected step (method.match_stats=true)."""
+    """Ouroboros Table 1 / Fig. 3, per rejected step (method.match_stats=true): mean len(LCP), #Match-k of the
+    discarded draft tokens d_{l_d+2..γ} (Fig. 3), and #Match-1 of the whole draft (Table 1)."""
     lcp = [n for r in records for n in ((r.get("extra") or {}).get("lcp") or [])]
     out = {"lcp": sum(lcp) / len(lcp)} if lcp else {}
     for r in records:
         for k, values in ((r.get("extra") or {}).get("match_k") or {}).items():
             out.setdefault(f"match_{k}", []).extend(values)
-    return {k: (sum(v) / len(v) if isinstance(v, list) and v else v) for k, v in out.items()
-            if not isinstance(v, list) or v}
+    out = {k: (sum(v) / len(v) if isinstance(v, list) and v else v) for k, v in out.items()
+           if not isinstance(v, list) or v}
+    if "lcp" in out and "match_1" in out:  # Table 1's #Match-1(d, d̂) over the whole draft: the accepted prefix
+        out["match_1_draft"] = out["lcp"] + out["match_1"]  # + matches after the first mismatch (which is 0)
+    return out
 
 
 def cell_entry(spec, cell: Cell, keys: list[str]) -> Entry:
@@ -117,11 +121,24 @@ def environment_notes(exp: Experiment) -> list[str]:
     if counts:
         notes.append("ours: " + "; ".join(f"{p} prompt(s) × {k} repeat(s)" for p, k in counts) + " per cell"
                      + (" (mean ± std over repeats)" if any(k > 1 for _, k in counts) else ""))
+    gap = max((baseline_gap_hours(c) for c in exp.cells), default=0.0)
+    if gap > 0.5:
+        notes.append(f"warning: some speed-ups compare against greedy records measured up to {gap:.1f} h apart "
+                     "(resumed from an earlier sweep); machine drift enters them — for like-for-like numbers "
+                     "re-measure both in one sweep (a fresh runner.records_dir)")
     overlap = concurrent_cells(exp)
     if overlap:
         notes.append("warning: these runs were measured at the same time on one machine (a parallel launcher), so "
                      "their timings disturb each other: " + ", ".join(overlap))
     return notes
+
+
+def baseline_gap_hours(cell: Cell) -> float:
+    """Hours between the middle of a cell's timed records and the middle of its baseline's."""
+    if not cell.records or not cell.baseline_records:
+        return 0.0
+    middle = lambda records: sorted(r["timestamp"] for r in records)[len(records) // 2]  # noqa: E731
+    return abs(middle(cell.records) - middle(cell.baseline_records)) / 3600
 
 
 def concurrent_cells(exp: Experiment) -> list[str]:
@@ -145,6 +162,7 @@ def build(exp: Experiment, ours_entries: list[Entry] | None = None) -> Table:
     spec = exp.spec
     keys = [r["key"] for r in spec.rows] + [c["key"] for c in spec.get("columns") or []]
     ours = ours_entries if ours_entries is not None else [cell_entry(spec, c, keys) for c in exp.cells]
+    exp.entries = ours
     table = build_table(spec, ours, published_entries(spec, keys), known_methods())
     notes = []
     if spec.get("highlight"):
