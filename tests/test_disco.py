@@ -229,7 +229,9 @@ def test_pipeline_end_to_end_on_the_tiny_pair_and_resume(tmp_path):
     t3 = render_experiment("disco_table3", read_run, out=tmp_path / "reports")
     assert t3["paths"]["oracle_sl_hist.png"].stat().st_size > 5000
     assert t3["table"].rows[0][1] == f"{oracle['mean']:.1f} ± {oracle['std']:.1f}"
-    t5 = render_experiment("disco_table5", read_run, out=tmp_path / "reports")["table"]
+    t5 = render_experiment("disco_table5", read_run, out=tmp_path / "reports")
+    assert t5["paths"]["metric_bars.png"].stat().st_size > 5000
+    t5 = t5["table"]
     assert t5.rows[0][1:3] == [f"{100 * classifier['validation']['f1_static_sl']:.0f}",
                                f"{100 * classifier['validation']['f1_disco']:.0f}"]
 

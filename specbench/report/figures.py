@@ -6,6 +6,7 @@ topk_curve     Ouroboros Fig. 5: tok/s against K (candidate suffixes verified pe
 match_k_bars   Ouroboros Fig. 3: mean #Match-k of discarded draft tokens per rejected step, and len(LCP)
 oracle_sl_hist DISCO Fig. 4: distribution of the oracle speculation length
 tau_speedup    τ (tokens per target forward) against measured speed-up, one point per cell
+metric_bars    each numeric metric per row, ours beside the paper's (DISCO Table 5's F1)
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from pathlib import Path
 from matplotlib.figure import Figure  # no pyplot: no global backend state, safe in notebooks and workers
 
 from .paper import canonical, match_stats, published_entries
+from .tables import METRICS, Metric
 
 WARM_SUFFIX = "_warm"
 
@@ -177,4 +179,26 @@ def tau_speedup(exp, out_dir: Path) -> list[Path]:
     return save(fig, out_dir, "tau_speedup")
 
 
-FIGURES = {f.__name__: f for f in (speed_bars, topk_curve, match_k_bars, oracle_sl_hist, tau_speedup)}
+def metric_bars(exp, out_dir: Path) -> list[Path]:
+    """Each numeric metric of the table, one bar per row and source (ours, the paper's): e.g. DISCO Table 5's F1."""
+    ours = [e for e in exp.entries if e.status == "ok"]
+    metrics = [m for m in exp.spec.metrics if any(isinstance(e.values.get(m), (int, float)) for e in ours)]
+    if not metrics:
+        return []
+    row_keys = [r["key"] for r in exp.spec.rows]
+    paper = published_entries(exp.spec, row_keys + [c["key"] for c in exp.spec.get("columns") or []])
+    fig = Figure(figsize=(4.2 * len(metrics), 3.4))
+    axes = fig.subplots(1, len(metrics), squeeze=False)[0]
+    for ax, metric in zip(axes, metrics):
+        bars = [(" / ".join(label_of(exp, k, e.keys.get(k)) for k in row_keys), source, e.values[metric])
+                for source, entries in (("ours", ours), ("paper", paper)) for e in entries
+                if isinstance(e.values.get(metric), (int, float))]
+        ax.bar(range(len(bars)), [v for _, _, v in bars], color=["C0" if s == "ours" else "C7" for _, s, _ in bars])
+        ax.set_xticks(range(len(bars)), [f"{name}\n({source})" for name, source, _ in bars], fontsize=7)
+        ax.set_title(METRICS.get(metric, Metric(metric)).header, fontsize=9)
+        ax.grid(axis="y", alpha=0.3)
+    fig.suptitle(exp.spec.get("title", exp.name), fontsize=9)
+    return save(fig, out_dir, "metric_bars")
+
+
+FIGURES = {f.__name__: f for f in (speed_bars, topk_curve, match_k_bars, oracle_sl_hist, tau_speedup, metric_bars)}
