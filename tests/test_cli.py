@@ -51,7 +51,10 @@ def test_interrupted_run_keeps_finished_records_and_does_not_redo_them(tmp_path)
     args = [sys.executable, "-m", "specbench", "model=tiny_llama", "method=greedy", "data.limit=40",
             "data.max_new_tokens=256", f"runner.records_dir={records}", f"hydra.run.dir={tmp_path / 'hydra'}",
             "runner.progress=false"]
-    proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    # Ctrl-C must reach the child even when this test runs in a background job (which ignores SIGINT, and a
+    # Python started with SIGINT ignored never raises KeyboardInterrupt)
+    proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.time() + 120
     files = []
     while time.time() < deadline:
