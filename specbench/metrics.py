@@ -41,6 +41,13 @@ def tau(records) -> float | None:
     return sum(r["new_tokens"] for r in records) / forwards if forwards else None
 
 
+def mean_sl(records) -> float | None:
+    """Mean tokens drafted per step (the speculation length actually used), for methods that record it
+    per step in ``extra.sl`` (the SL policies); None otherwise."""
+    steps = [n for r in records for n in (r.get("extra") or {}).get("sl", [])]
+    return statistics.fmean(steps) if steps else None
+
+
 def acceptance_rate(records) -> float | None:
     drafted = sum(r.get("drafted") or 0 for r in records)
     return sum(r.get("accepted") or 0 for r in records) / drafted if drafted else None

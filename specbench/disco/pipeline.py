@@ -40,16 +40,26 @@ MEASURED = ("ms_per_token", "speedup", "tau", "acceptance_rate", "identical", "c
 SYMBOLS = {"method.gamma": "γ", "method.policy.threshold": "τ", "method.policy.sl_max": "SL_max"}
 
 
+def sampling_temperature(exp) -> float:
+    return plain(exp.get("sampling")).get("temperature", 0)  # else the main config's default, 0
+
+
+def output_dirs(exp) -> tuple[Path, Path]:
+    """(<out_dir>/<model>/<name>, where tuning and test results go: the same, or temperature-<T>/ below it)."""
+    base = Path(exp.out_dir) / slug(exp.model) / slug(exp.name)
+    temperature = sampling_temperature(exp)
+    return base, base / f"temperature-{temperature}" if temperature else base
+
+
 class DiscoPipeline:
     def __init__(self, cfg: DictConfig):
         self.exp = cfg.disco
         for split in SPLITS:
             require(split in self.exp.splits and "data" in self.exp.splits[split], f"disco.splits.{split}",
                     "needs {data: <data config name>, set: {<data fields>}}")
-        self.dir = Path(self.exp.out_dir) / slug(self.exp.model) / slug(self.exp.name)
-        self.temperature = plain(self.exp.get("sampling")).get("temperature", 0)  # else the config's default, 0
+        self.temperature = sampling_temperature(self.exp)
         # features and the classifier do not depend on sampling; tuning and tables do
-        self.results = self.dir if not self.temperature else self.dir / f"temperature-{self.temperature}"
+        self.dir, self.results = output_dirs(self.exp)
         self._pair = None
 
     # -- configs and data -----------------------------------------------------------------------------
@@ -167,10 +177,8 @@ class DiscoPipeline:
         if not tuning.exists():
             raise ConfigError(f"disco: no tuning results at '{tuning}'; run stage=tune first")
         chosen = json.loads(tuning.read_text())["chosen"]
-        plan = [("Target", "greedy", {}), ("dynHeur SL", "dyn_heur", {}),
-                ("static SL-5", "speculative", {"method.gamma": 5}),
-                ("static SL-opt", "speculative", chosen["static SL-opt"]), ("DISCO", "disco", chosen["DISCO"]),
-                ("oracle", "oracle_sl", {}), ("ppl SL-opt", "ppl_sl", chosen["ppl SL-opt"])]
+        settings = {"static SL-5": {"method.gamma": 5}, **chosen}  # chosen: static SL-opt, DISCO, ppl SL-opt
+        plan = [(row, method, settings.get(row, {})) for row, method in tables.TABLE1_PLAN]
         if self.temperature > 0:  # DISCO Table 2: no oracle row
             plan = [step for step in plan if step[1] != "oracle_sl"]
         rows, oracle = [], None

@@ -12,10 +12,15 @@ import statistics
 from collections import Counter
 from pathlib import Path
 
-from ..metrics import fmt
+from ..metrics import fmt, mean_sl  # noqa: F401  (tables.mean_sl: Table 1's mean SL column)
 
 TABLE1_COLUMNS = ("row", "method", "settings", "ms_per_token", "speedup", "tau", "acceptance_rate",
                   "mean_sl", "identical", "compared", "prompts", "new_tokens")
+
+
+# DISCO Table 1: (row, method) in the paper's order (+ the ppl baseline of its Table 2)
+TABLE1_PLAN = (("Target", "greedy"), ("dynHeur SL", "dyn_heur"), ("static SL-5", "speculative"),
+               ("static SL-opt", "speculative"), ("DISCO", "disco"), ("oracle", "oracle_sl"), ("ppl SL-opt", "ppl_sl"))
 
 
 def oracle_statistics(records: list[dict]) -> dict:
@@ -30,12 +35,6 @@ def oracle_statistics(records: list[dict]) -> dict:
         "histogram": {str(sl): counts[sl] / len(values) for sl in sorted(counts)},
         "per_prompt": per_prompt,
     }
-
-
-def mean_sl(records: list[dict]) -> float | None:
-    """Mean tokens drafted per step (the SL actually used), from the records' extra.sl."""
-    steps = [n for r in records for n in (r.get("extra") or {}).get("sl", [])]
-    return statistics.fmean(steps) if steps else None
 
 
 def improvement(ours: float | None, other: float | None) -> float | None:

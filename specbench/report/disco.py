@@ -7,22 +7,15 @@ from __future__ import annotations
 
 import csv
 import json
-from pathlib import Path
 
 from hydra import compose
 
+from ..disco.pipeline import output_dirs
+from ..disco.tables import TABLE1_PLAN
 from ..errors import ConfigError
-from ..records import slug
 from .tables import Entry
 
 TABLES = ("table1", "table3", "table5")
-TABLE1_ROWS = ("Target", "dynHeur SL", "static SL-5", "static SL-opt", "DISCO", "oracle", "ppl SL-opt")
-
-
-def results_dir(d) -> Path:
-    base = Path(d.out_dir) / slug(d.model) / slug(d.name)
-    temperature = (d.get("sampling") or {}).get("temperature") or 0
-    return base / f"temperature-{temperature}" if temperature else base
 
 
 def disco_entries(spec, extras: dict) -> list[Entry]:
@@ -34,12 +27,12 @@ def disco_entries(spec, extras: dict) -> list[Entry]:
         d = compose("disco_pipeline", overrides=[f"disco={name}", *(spec.get("disco_overrides") or [])]).disco
         pair = compose("config", overrides=[f"model={d.model}"]).model.name
         keys = {"data.name": d.splits.test.data, "model.name": pair}
-        out = results_dir(d)
+        base, out = output_dirs(d)
         todo = f"not run yet: python -m specbench.disco disco={name}"
         if table == "table1":
             path = out / "table1.csv"
             if not path.exists():
-                entries += [Entry(keys={**keys, "row": row}, status=todo) for row in TABLE1_ROWS]
+                entries += [Entry(keys={**keys, "row": row}, status=todo) for row, _ in TABLE1_PLAN]
                 continue
             for row in csv.DictReader(path.open()):
                 values = {k: float(row[k]) if row.get(k) else None
@@ -57,7 +50,7 @@ def disco_entries(spec, extras: dict) -> list[Entry]:
             extras.setdefault("oracle_sl", {})[f"{keys['data.name']} ({pair})"] = [
                 n for seq in oracle["per_prompt"].values() for n in seq]
         else:
-            path = Path(d.out_dir) / slug(d.model) / slug(d.name) / "classifier.json"
+            path = base / "classifier.json"
             if not path.exists():
                 entries.append(Entry(keys=keys, status=todo))
                 continue

@@ -20,9 +20,10 @@ from omegaconf import DictConfig, OmegaConf
 
 from ..app import spec_for
 from ..errors import ConfigError
-from ..metrics import summarize
+from ..metrics import mean_sl, summarize
 from ..runner import RunSpec
 from ..scoring import primary_value
+from .tables import column_keys_of, row_keys_of
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 
@@ -57,6 +58,12 @@ class Experiment:
     overrides: list[str]
     extras: dict = field(default_factory=dict)  # figure data that are not cells (DISCO's oracle SL sequences)
     entries: list = field(default_factory=list)  # our table entries (tables.Entry), set when the table is built
+    published: list = field(default_factory=list)  # the paper's entries, set when the table is built
+
+    @property
+    def keys(self) -> list[str]:
+        """The config keys naming a table cell: row keys, then column keys."""
+        return row_keys_of(self.spec) + column_keys_of(self.spec)
 
 
 @contextmanager
@@ -139,21 +146,14 @@ def select(records: list[dict], key: str, limit: int | None) -> list[dict]:
     return [r for r in records if r.get("run_key") == key and (limit is None or r.get("prompt_index", 0) < limit)]
 
 
-def mean_sl(records: list[dict]) -> float | None:
-    """Mean speculation length per step, for methods that record it (SL policies: extra.sl)."""
-    sls = [n for r in records for n in ((r.get("extra") or {}).get("sl") or [])]
-    return sum(sls) / len(sls) if sls else None
-
-
 def cells_frame(exp: Experiment):
     """One row per cell: its key values, status and summary numbers (a pandas DataFrame)."""
     import pandas as pd
 
-    keys = [r["key"] for r in exp.spec.rows] + [c["key"] for c in exp.spec.get("columns") or []]
     rows = []
     for cell in exp.cells:
         s = cell.summary
-        rows.append({**{k: cell.value(k) for k in keys}, "status": cell.status, "run_key": cell.spec.key,
+        rows.append({**{k: cell.value(k) for k in exp.keys}, "status": cell.status, "run_key": cell.spec.key,
                      **{k: s.get(k) for k in ("prompts", "repeats", "tok_per_s", "tok_per_s_std", "speedup", "speedup_std",
                                                "ms_per_token", "tau", "acceptance_rate", "identical", "compared",
                                                "accuracy_primary", "mean_sl")}})
@@ -164,11 +164,10 @@ def records_frame(exp: Experiment):
     """Every record of every cell (one row per prompt and repeat) with the cell's key values."""
     import pandas as pd
 
-    keys = [r["key"] for r in exp.spec.rows] + [c["key"] for c in exp.spec.get("columns") or []]
     rows = []
     for cell in exp.cells:
         for r in cell.records:
-            rows.append({**{k: cell.value(k) for k in keys}, "prompt_id": r["prompt_id"], "repeat": r["repeat"],
+            rows.append({**{k: cell.value(k) for k in exp.keys}, "prompt_id": r["prompt_id"], "repeat": r["repeat"],
                          "new_tokens": r["new_tokens"], "wall_s": r["wall_s"], "prefill_s": r.get("prefill_s"),
                          "tok_per_s": r["new_tokens"] / r["wall_s"] if r["wall_s"] else None,
                          "target_forwards": r.get("target_forwards"), "drafted": r.get("drafted"),

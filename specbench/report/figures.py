@@ -16,16 +16,15 @@ from pathlib import Path
 
 from matplotlib.figure import Figure  # no pyplot: no global backend state, safe in notebooks and workers
 
-from .paper import canonical, match_stats, published_entries
-from .tables import METRICS, Metric
+from ..disco.tables import oracle_statistics
+from .paper import canonical, match_stats
+from .tables import METRICS, Metric, column_keys_of, label_for, row_keys_of
 
 WARM_SUFFIX = "_warm"
 
 
 def label_of(exp, key, value) -> str:
-    value = canonical(exp.spec, key, value)
-    labels = (exp.spec.get("labels") or {}).get(key) or {}
-    return str(labels.get(value, value))
+    return label_for(exp.spec, key, canonical(exp.spec, key, value))
 
 
 def ok_cells(exp):
@@ -57,8 +56,7 @@ def speed_panels(exp) -> dict[str, dict[tuple, float]]:
             task = canonical(exp.spec, "data.name", c.value("data.name"))
             panels.setdefault(f"{c.spec.pair} (ours)", {})[(task, c.spec.method)] = c.summary["tok_per_s"]
     if panels:  # the paper beside ours, only once we have something to compare
-        keys = [r["key"] for r in exp.spec.rows] + [c["key"] for c in exp.spec.get("columns") or []]
-        for e in published_entries(exp.spec, keys):
+        for e in exp.published:
             if "tok_per_s" in e.values and e.keys.get("model.name") and e.keys.get("method.name"):
                 pair = label_of(exp, "model.name", e.keys["model.name"])
                 panels.setdefault(f"{pair} (paper)", {})[(e.keys.get("data.name"), e.keys["method.name"])] = e.values["tok_per_s"]
@@ -138,9 +136,10 @@ def match_k_bars(exp, out_dir: Path) -> list[Path]:
 def oracle_sl_hist(exp, out_dir: Path) -> list[Path]:
     series = dict(exp.extras.get("oracle_sl") or {})
     for c in ok_cells(exp):
-        sls = [n for r in c.records for n in ((r.get("extra") or {}).get("sl") or [])]
-        if c.spec.method == "oracle_sl" and sls:
-            series[f"{label_of(exp, 'data.name', c.value('data.name'))} ({c.spec.pair})"] = sls
+        if c.spec.method == "oracle_sl":  # the oracle SL as DISCO's pipeline counts it: accepted per step
+            sls = [n for seq in oracle_statistics(c.records)["per_prompt"].values() for n in seq]
+            if sls:
+                series[f"{label_of(exp, 'data.name', c.value('data.name'))} ({c.spec.pair})"] = sls
     if not series:
         return []
     fig = Figure(figsize=(4.8, 3.4))
@@ -160,8 +159,7 @@ def tau_speedup(exp, out_dir: Path) -> list[Path]:
               and isinstance(e.values.get("speedup"), float)]
     if not points:
         return []
-    row_keys = [r["key"] for r in exp.spec.rows]
-    col_keys = [c["key"] for c in exp.spec.get("columns") or []]
+    row_keys, col_keys = row_keys_of(exp.spec), column_keys_of(exp.spec)
     colour_keys, name_keys = (row_keys[:1], row_keys[1:]) if len(row_keys) > 1 else ([], row_keys)
     fig = Figure(figsize=(4.8, 3.6))
     ax = fig.subplots()
@@ -185,13 +183,12 @@ def metric_bars(exp, out_dir: Path) -> list[Path]:
     metrics = [m for m in exp.spec.metrics if any(isinstance(e.values.get(m), (int, float)) for e in ours)]
     if not metrics:
         return []
-    row_keys = [r["key"] for r in exp.spec.rows]
-    paper = published_entries(exp.spec, row_keys + [c["key"] for c in exp.spec.get("columns") or []])
+    row_keys = row_keys_of(exp.spec)
     fig = Figure(figsize=(4.2 * len(metrics), 3.4))
     axes = fig.subplots(1, len(metrics), squeeze=False)[0]
     for ax, metric in zip(axes, metrics):
         bars = [(" / ".join(label_of(exp, k, e.keys.get(k)) for k in row_keys), source, e.values[metric])
-                for source, entries in (("ours", ours), ("paper", paper)) for e in entries
+                for source, entries in (("ours", ours), ("paper", exp.published)) for e in entries
                 if isinstance(e.values.get(metric), (int, float))]
         ax.bar(range(len(bars)), [v for _, _, v in bars], color=["C0" if s == "ours" else "C7" for _, s, _ in bars])
         ax.set_xticks(range(len(bars)), [f"{name}\n({source})" for name, source, _ in bars], fontsize=7)

@@ -160,10 +160,9 @@ def concurrent_cells(exp: Experiment) -> list[str]:
 
 def build(exp: Experiment, ours_entries: list[Entry] | None = None) -> Table:
     spec = exp.spec
-    keys = [r["key"] for r in spec.rows] + [c["key"] for c in spec.get("columns") or []]
-    ours = ours_entries if ours_entries is not None else [cell_entry(spec, c, keys) for c in exp.cells]
-    exp.entries = ours
-    table = build_table(spec, ours, published_entries(spec, keys), known_methods())
+    ours = ours_entries if ours_entries is not None else [cell_entry(spec, c, exp.keys) for c in exp.cells]
+    exp.entries, exp.published = ours, published_entries(spec, exp.keys)
+    table = build_table(spec, ours, exp.published, known_methods())
     notes = []
     if spec.get("highlight"):
         titles = {r["key"]: r.get("title", r["key"]) for r in spec.rows}

@@ -76,14 +76,26 @@ def ordered(values) -> list:
     return seen
 
 
+def row_keys_of(spec) -> list[str]:
+    return [r["key"] for r in spec.rows]
+
+
+def column_keys_of(spec) -> list[str]:
+    return [c["key"] for c in spec.get("columns") or []]
+
+
+def label_for(spec, key: str, value) -> str:
+    """How an identifier prints (experiment.labels), e.g. ouroboros_warm -> Ouroboros†; itself otherwise."""
+    labels = dict((spec.get("labels") or {}).get(key) or {})  # plain: a config node rejects None as a key
+    return str(labels.get(value, labels.get(str(value), value)))
+
+
 def build_table(spec, ours: list[Entry], paper: list[Entry], known_methods: set[str]) -> Table:
     """spec: the experiment block (rows, columns, metrics, highlight, labels, title)."""
-    row_keys = [r["key"] for r in spec.rows]
-    col_keys = [c["key"] for c in spec.get("columns") or []]
-    labels = {k: dict(v) for k, v in (spec.get("labels") or {}).items()}
+    row_keys, col_keys = row_keys_of(spec), column_keys_of(spec)
 
     def label(key, value):
-        return str(labels.get(key, {}).get(value, labels.get(key, {}).get(str(value), value)))
+        return label_for(spec, key, value)
 
     def rkey(e):
         return tuple(e.keys.get(k) for k in row_keys)
@@ -118,14 +130,13 @@ def build_table(spec, ours: list[Entry], paper: list[Entry], known_methods: set[
         line = [label(k, v) for k, v in zip(row_keys, r)]
         for source, g, m in columns:
             e = by_cell.get((source, r, g))
-            first = columns.index((source, g, m)) == columns.index((source, g, (our_metrics if source == "ours" else paper_metrics)[0]))
+            first = m == (our_metrics if source == "ours" else paper_metrics)[0]
             line.append(cell_text(e, source, m, r, row_keys, known_methods, marks.get((source, r, g, m)), first))
+            where = {**dict(zip(row_keys, r)), **dict(zip(col_keys, g)), "source": source, "metric": m}
             if e is not None and e.status == "ok" and m in e.values:
-                tidy.append({**dict(zip(row_keys, r)), **dict(zip(col_keys, g)), "source": source, "metric": m,
-                             "value": e.values.get(m), "std": e.stds.get(m)})
+                tidy.append({**where, "value": e.values.get(m), "std": e.stds.get(m)})
             elif source == "ours" and e is not None:
-                tidy.append({**dict(zip(row_keys, r)), **dict(zip(col_keys, g)), "source": source, "metric": m,
-                             "value": None, "std": None, "status": e.status})
+                tidy.append({**where, "value": None, "std": None, "status": e.status})
         body.append(line)
     header = [r.get("title", r["key"]) for r in spec.rows]
     for source, g, m in columns:
