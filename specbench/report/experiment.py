@@ -20,7 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from ..app import spec_for
 from ..errors import ConfigError
-from ..metrics import mean_sl, summarize
+from ..metrics import mean_sl, rate, summarize
 from ..runner import RunSpec
 from ..scoring import primary_value
 from .tables import column_keys_of, row_keys_of
@@ -169,7 +169,7 @@ def records_frame(exp: Experiment):
         for r in cell.records:
             rows.append({**{k: cell.value(k) for k in exp.keys}, "prompt_id": r["prompt_id"], "repeat": r["repeat"],
                          "new_tokens": r["new_tokens"], "wall_s": r["wall_s"], "prefill_s": r.get("prefill_s"),
-                         "tok_per_s": r["new_tokens"] / r["wall_s"] if r["wall_s"] else None,
+                         "tok_per_s": rate([r]),
                          "target_forwards": r.get("target_forwards"), "drafted": r.get("drafted"),
                          "accepted": r.get("accepted")})
     return pd.DataFrame(rows)

@@ -14,6 +14,8 @@ from .tables import to_markdown
 def render_experiment(name: str, overrides: list[str] | None = None, out: Path = Path("runs/reports"),
                       limit: int | None = None, logger: str | None = None, logger_dir: Path | None = None) -> dict:
     """Returns {"table", "markdown", "paths" (kind -> file), "experiment"}."""
+    if logger not in (None, "none", "wandb"):  # before any work
+        raise ConfigError(f"logger={logger!r}: the report logs to wandb or nowhere (logger=wandb|none)")
     exp = load_experiment(name, overrides, limit)
     ours = None
     if exp.spec.get("pipeline"):
@@ -31,6 +33,4 @@ def render_experiment(name: str, overrides: list[str] | None = None, out: Path =
         from ..tracking import log_report
         log_report(name, table, [p for k, p in paths.items() if k.endswith(".png")],
                    dir=str(logger_dir or "runs/wandb"))
-    elif logger not in (None, "none"):
-        raise ConfigError(f"logger={logger!r}: the report logs to wandb or nowhere (logger=wandb|none)")
     return {"table": table, "markdown": to_markdown(table), "paths": paths, "experiment": exp}
