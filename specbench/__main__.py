@@ -8,7 +8,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from .errors import ConfigError
+from .errors import ConfigError, LosslessnessError
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
@@ -23,11 +23,11 @@ def main(cfg: DictConfig) -> float | None:
                               f"of single runs: run `{pipeline}`, then `python -m specbench.report "
                               f"experiment={cfg.experiment.name}`")
         summary = run(cfg)
-    except ConfigError as exc:
+    except (ConfigError, LosslessnessError) as exc:
         print(f"specbench: error: {exc}", file=sys.stderr)
         if HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN:
             raise  # the launcher records this job as failed and goes on with the others
-        sys.exit(2)
+        sys.exit(2 if isinstance(exc, ConfigError) else 3)
     objective = cfg.get("objective") or "tok_per_s"
     if objective not in summary:
         print(f"specbench: error: objective: {objective!r} is not a summary key; valid: "

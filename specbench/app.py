@@ -10,13 +10,17 @@ from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from .errors import ConfigError, require
+from .environment import available_cores
+from .errors import ConfigError, LosslessnessError, require
+from .lossless import LosslessCheck
 from .metrics import summarize
+from .models.precision import precision_of_config
 from .records import SCHEMA_VERSION, run_key, write_json
 from .report.console import render_headline, render_table
-from .runner import Runner, RunSpec
+from .runner import Entry, Runner, RunSpec
 
 BASELINE_MODES = ("auto", "skip")
+PAIRING_MODES = ("interleaved", "separate")
 
 
 def build(node: DictConfig, key: str, **kwargs):
@@ -38,32 +42,50 @@ def build(node: DictConfig, key: str, **kwargs):
 
 
 def spec_for(cfg: DictConfig, method_cfg: DictConfig) -> RunSpec:
-    """Run identity: everything that makes numbers comparable (data.limit excluded: it only selects prompts)."""
+    """Run identity: everything that makes numbers comparable (data.limit excluded: it only selects prompts).
+
+    The model's dtype and linear kernel enter as resolved on this machine (``dtype: auto`` is bf16 on one
+    CPU and fp32 on another), and so do the threads; the pairing mode too, so paired and separately timed
+    records never mix in one run.
+    """
     data = OmegaConf.to_container(cfg.data, resolve=True)
     data.pop("limit", None)
+    precision = precision_of_config(cfg.model)
     identity = {
         "schema": SCHEMA_VERSION,
         "model": OmegaConf.to_container(cfg.model, resolve=True),
+        "precision": {"dtype": precision.dtype, "linear_kernel": precision.linear_kernel},
         "data": data,
         "method": OmegaConf.to_container(method_cfg, resolve=True),
         "sampling": OmegaConf.to_container(cfg.sampling, resolve=True),
-        "threads": cfg.runner.threads,
+        "threads": resolved_threads(cfg),
+        "pairing": cfg.runner.get("pairing", "separate"),
     }
     return RunSpec(key=run_key(identity), method=method_cfg.name, pair=cfg.model.name, data=cfg.data.name,
                    records_dir=Path(cfg.runner.records_dir))
 
 
+def resolved_threads(cfg: DictConfig) -> int:
+    """``runner.threads``, or (null) the cores this process may run on."""
+    return cfg.runner.threads or available_cores()
+
+
 def validate_runner(cfg: DictConfig) -> None:
     r = cfg.runner
     require(r.baseline in BASELINE_MODES, "runner.baseline", f"{r.baseline!r} is not one of {list(BASELINE_MODES)}")
+    require(r.get("pairing") in PAIRING_MODES, "runner.pairing",
+            f"{r.get('pairing')!r} is not one of {list(PAIRING_MODES)}")
+    require(isinstance(r.get("strict_lossless"), bool), "runner.strict_lossless",
+            f"must be true or false, got {r.get('strict_lossless')!r}")
     for key in ("repeats",):
         require(isinstance(r[key], int) and r[key] >= 1, f"runner.{key}", f"must be a positive integer, got {r[key]!r}")
     for key in ("warmup", "warmup_max_new_tokens"):
         require(isinstance(r[key], int) and r[key] >= 0, f"runner.{key}", f"must be an integer >= 0, got {r[key]!r}")
     require(r.threads is None or (isinstance(r.threads, int) and r.threads >= 1), "runner.threads",
-            f"must be a positive integer or null, got {r.threads!r}")
+            f"must be a positive integer or null (the cores this process may use), got {r.threads!r}")
     for group in ("model", "data", "method"):
         require(group in cfg and cfg[group] is not None, group, f"no {group} selected; pass {group}=<name>")
+    precision_of_config(cfg.model)  # a bad dtype/device/linear kernel fails here, before any model loads
 
 
 def run(cfg: DictConfig, pair=None) -> dict:
@@ -85,47 +107,64 @@ def run(cfg: DictConfig, pair=None) -> dict:
 
 
 def measure(cfg: DictConfig, spec: RunSpec, pair=None) -> dict:
-    if cfg.runner.threads:
-        torch.set_num_threads(cfg.runner.threads)
+    threads = resolved_threads(cfg)
+    torch.set_num_threads(threads)
     dataset = build(cfg.data, "data")
     examples, warmup_example = dataset.examples(), dataset.warmup_example()
     pair = pair if pair is not None else build(cfg.model, "model")
     sampling = OmegaConf.to_container(cfg.sampling, resolve=True)
     tracker = build(cfg.logger, "logger") if cfg.get("logger") else None
     config = OmegaConf.to_container(cfg, resolve=True)
+    exact = sampling["temperature"] == 0
     runner = Runner(pair, dataset.max_new_tokens, warmup=cfg.runner.warmup,
                     warmup_max_new_tokens=cfg.runner.warmup_max_new_tokens, repeats=cfg.runner.repeats,
                     seed=sampling["seed"], progress=cfg.runner.progress, config=config,
-                    scorer=dataset.scorer, chat=dataset.chat_template)
+                    scorer=dataset.scorer, chat=dataset.chat_template, threads=threads,
+                    lossless=LosslessCheck(pair, threads) if exact else None)
+    print(f"[specbench] threads: {threads} ({'runner.threads' if cfg.runner.threads else 'the cores this process may use'})"
+          f"; pairing: {cfg.runner.pairing}", file=sys.stderr)
 
-    method = build(cfg.method, "method", pair=pair, **sampling)  # before any work: bad settings fail fast
+    method = Entry(build(cfg.method, "method", pair=pair, **sampling), spec)  # before any work: bad settings fail fast
     base_spec = spec_for(cfg, cfg.baseline)
-    exact = sampling["temperature"] == 0
-    summaries = []
-    baseline_records = None
-    if base_spec.key != spec.key:
-        if cfg.runner.baseline == "auto":
-            baseline = build(cfg.baseline, "baseline", pair=pair, **sampling)
-            baseline_records = runner.run(baseline, base_spec, examples, warmup_example)
-        else:
-            baseline_records = base_spec.records_for(examples) or None
-            if baseline_records is None:
-                print(f"[specbench] no {cfg.baseline.name} baseline records for this pair/data/settings; speedup "
-                      "and identity need them: re-run with runner.baseline=auto", file=sys.stderr)
-        if baseline_records:
-            summaries.append((cfg.baseline.name, summarize(baseline_records, is_baseline=True)))
-
+    is_baseline = base_spec.key == spec.key
     if tracker is not None:
         tracker.start(f"{spec.method}@{spec.pair}/{spec.data}", config)
+    baseline_records = None
+    if is_baseline:
         runner.tracker = tracker
-    records = runner.run(method, spec, examples, warmup_example)
-    summary = summarize(records, baseline_records, exact=exact, is_baseline=base_spec.key == spec.key)
-    summary.update(run_key=spec.key, method=spec.method, pair=spec.pair, data=spec.data,
-                   baseline_run_key=base_spec.key, records=str(spec.store.path))
+        (records,) = runner.run([method], examples, warmup_example)
+    elif cfg.runner.baseline == "skip":
+        baseline_records = base_spec.records_for(examples) or None
+        if baseline_records is None:
+            print(f"[specbench] no {cfg.baseline.name} baseline records for this pair/data/settings; speedup "
+                  "and identity need them: re-run with runner.baseline=auto", file=sys.stderr)
+        runner.tracker = tracker
+        (records,) = runner.run([method], examples, warmup_example, reference=baseline_records)
+    else:
+        baseline = Entry(build(cfg.baseline, "baseline", pair=pair, **sampling), base_spec)
+        if cfg.runner.pairing == "interleaved":
+            runner.tracker = tracker
+            baseline_records, records = runner.run([baseline, method], examples, warmup_example)
+        else:
+            (baseline_records,) = runner.run([baseline], examples, warmup_example)
+            runner.tracker = tracker
+            (records,) = runner.run([method], examples, warmup_example, reference=baseline_records)
+
+    summaries = []
+    if baseline_records:
+        summaries.append((cfg.baseline.name, summarize(baseline_records, is_baseline=True)))
+    summary = summarize(records, baseline_records, exact=exact, is_baseline=is_baseline)
+    summary.update(run_key=spec.key, method=spec.method, pair=spec.pair, data=spec.data, dtype=pair.dtype,
+                   precision=pair.precision.as_record(), threads=threads, baseline_run_key=base_spec.key,
+                   records=str(spec.store.path))
     write_json(spec.summary_path, summary)
     if tracker is not None:
         tracker.finish(summary)
     summaries.append((spec.method, summary))
     print(render_table(summaries))
     print(render_headline(spec.method, summary))
+    unproven = (summary.get("mismatches") or 0) + (summary.get("unclassified") or 0)
+    if cfg.runner.strict_lossless and unproven:
+        raise LosslessnessError(f"runner.strict_lossless: {unproven} prompt(s) diverge from greedy beyond the "
+                                f"measured numerical noise: {summary.get('divergences')} (records: {spec.store.path})")
     return summary

@@ -1,14 +1,14 @@
-"""``make bench``: greedy, speculative, hf_assisted, lookahead and ouroboros on the same prompts, one
-process, interleaved.
+"""``make bench``: greedy, speculative, hf_assisted, lookahead and ouroboros on the same prompts, one process,
+interleaved; the forward-cost table; each method's speed-up against the bound those costs allow.
 
-The pair is loaded once; for each prompt the methods run back to back (rotating their order), so
-drift on a shared machine hits all of them alike. Prints each method's speedup over greedy, the
-ratio of our speculative speedup to transformers' assisted generation (target: >= 1.0), and the cost
-of the forwards the methods are made of (a target forward over 1 token and over each method's verify
-block, a draft forward over 1 token and over Ouroboros' phrase-drafting block), measured here, outside
-the methods, after a real prompt.
+The pair is loaded once. For each prompt all methods run back to back in one round (the runner's paired
+rounds, the order rotated from prompt to prompt), so drift on a shared machine hits all of them alike and
+every speed-up is a mean of per-prompt paired ratios with a 95% bootstrap interval. ``--fp32`` adds greedy
+on a float32 copy of the target to every round (the dtype's own gain, side by side). Then the cost table
+(costs.py): T(k)/T(1) for the target and the draft, k = 1..32, and per method: tok/s, paired speed-up, τ,
+bound and efficiency = speed-up / bound.
 
-    python -m specbench.bench --data gsm8k,humaneval --limit 2 --max-new-tokens 128
+    python -m specbench.bench --data gsm8k,humaneval --limit 2 --max-new-tokens 128 [--fp32]
 """
 from __future__ import annotations
 
@@ -17,40 +17,57 @@ import json
 import time
 from pathlib import Path
 
+import torch
 from hydra import compose, initialize_config_dir
 
+from . import costs as cost_model
 from .app import build
-from .metrics import fmt, summarize
-from .report.console import render_table
-from .runner import Runner, RunSpec
+from .environment import available_cores
+from .lossless import LosslessCheck
+from .metrics import compare, fmt, paired_baseline, summarize
+from .records import round_of
+from .report.console import render_table, speedup_text
+from .runner import Entry, Runner, RunSpec
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
+FP32_GREEDY = "greedy_fp32"
 
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="embedded", help="conf/model option (default: embedded)")
+    parser.add_argument("--dtype", default=None, help="model.dtype override (default: the model config's, auto)")
     parser.add_argument("--data", default="gsm8k,humaneval", help="comma list of conf/data options")
     parser.add_argument("--methods", default="greedy,speculative,hf_assisted,lookahead,ouroboros",
                         help="first one is the baseline")
     parser.add_argument("--limit", type=int, default=2, help="prompts per dataset")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--gamma", type=int, default=4, help="γ for speculative and hf_assisted")
+    parser.add_argument("--fp32", action="store_true", help="add greedy on a float32 copy of the target to every round")
     parser.add_argument("--cost-repeats", type=int, default=3, help="timed calls per forward-cost entry")
     parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: the cores available)")
     parser.add_argument("--out", default="runs/bench", help="where the bench records go")
     return parser.parse_args(argv)
 
 
+def compose_all(args):
+    model_overrides = [f"model={args.model}"] + ([f"model.dtype={args.dtype}"] if args.dtype else [])
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        base = compose(config_name="config", overrides=model_overrides)
+        fp32 = compose(config_name="config", overrides=[f"model={args.model}", "model.dtype=float32"]) if args.fp32 else None
+        methods = {m: compose(config_name="config", overrides=[f"method={m}"]).method for m in args.methods.split(",")}
+        data = [compose(config_name="config", overrides=[f"data={d}", f"data.limit={args.limit}",
+                                                       f"data.max_new_tokens={args.max_new_tokens}"]).data
+                for d in args.data.split(",")]
+    return base, fp32, methods, data
+
+
 def main(argv=None) -> dict:
     args = parse_args(argv)
-    methods = args.methods.split(",")
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        base = compose(config_name="config", overrides=[f"model={args.model}"])
-        method_cfgs = {m: compose(config_name="config", overrides=[f"method={m}"]).method for m in methods}
-        data_cfgs = [compose(config_name="config", overrides=[f"data={d}", f"data.limit={args.limit}",
-                                                            f"data.max_new_tokens={args.max_new_tokens}"]).data
-                     for d in args.data.split(",")]
+    threads = args.threads or available_cores()
+    torch.set_num_threads(threads)
+    base, fp32_cfg, method_cfgs, data_cfgs = compose_all(args)
     pair = build(base.model, "model")
     sampling = dict(temperature=0.0, top_p=1.0, seed=0)
     built = {}
@@ -58,86 +75,79 @@ def main(argv=None) -> dict:
         if "gamma" in cfg and name in ("speculative", "hf_assisted"):
             cfg.gamma = args.gamma
         built[name] = build(cfg, "method", pair=pair, **sampling)
-    runner = Runner(pair, args.max_new_tokens, warmup=args.warmup, progress=False)
+    if fp32_cfg is not None:
+        built[FP32_GREEDY] = build(method_cfgs[next(iter(method_cfgs))], "method", pair=build(fp32_cfg.model, "model"),
+                                   **sampling)
+    names = list(built)
+    runner = Runner(pair, args.max_new_tokens, warmup=args.warmup, progress=False, threads=threads,
+                    lossless=LosslessCheck(pair, threads))
     out = Path(args.out) / time.strftime("%Y%m%d-%H%M%S")
-    records = {name: [] for name in methods}
+    records = {name: [] for name in names}
+    first_prompt = None
     for data_cfg in data_cfgs:
         dataset = build(data_cfg, "data")
-        runner.scorer, runner.chat = dataset.scorer, dataset.chat_template  # task score outside the timed region
-        warm = dataset.warmup_example()
-        for name in methods:  # warm every method once per dataset, outside timing
-            runner.warm_up(built[name], warm)
-        for index, example in enumerate(dataset.examples()):
-            order = methods[index % len(methods):] + methods[: index % len(methods)]
-            for name in order:
-                spec = RunSpec(key="bench", method=name, pair=pair.name, data=dataset.name, records_dir=out)
-                record = runner.measure(built[name], spec, example, index, repeat=0)
-                spec.store.append(record)
-                records[name].append(record)
-                print(f"{dataset.name} {example.id:>14} {name:<12} {record['new_tokens']:4d} tok "
-                      f"{record['wall_s']:7.2f} s  {record['new_tokens'] / record['wall_s']:6.2f} tok/s", flush=True)
-    baseline = records[methods[0]]
-    summaries = {name: summarize(recs, baseline, is_baseline=name == methods[0]) for name, recs in records.items()}
+        runner.scorer, runner.chat, runner.max_new_tokens = dataset.scorer, dataset.chat_template, args.max_new_tokens
+        examples = dataset.examples()
+        first_prompt = first_prompt or runner.encode([{"role": "user", "content": examples[0].prompt}], False)
+        entries = [Entry(built[n], RunSpec(key="bench", method=n, pair=pair.name, data=dataset.name, records_dir=out))
+                   for n in names]
+        for name, recs in zip(names, runner.run(entries, examples, dataset.warmup_example())):
+            records[name] += recs
+            for r in recs:
+                print(f"{dataset.name} {r['prompt_id']:>14} {name:<12} {r['new_tokens']:4d} tok {r['wall_s']:7.2f} s "
+                      f"{r['new_tokens'] / r['wall_s']:6.2f} tok/s", flush=True)
+    baseline = records[names[0]]
+    summaries = {name: summarize(recs, baseline, is_baseline=name == names[0]) for name, recs in records.items()}
     print(render_table(list(summaries.items())))
-    result = {"pair": pair.name, "max_new_tokens": args.max_new_tokens, "gamma": args.gamma,
-              "summaries": {k: {kk: vv for kk, vv in v.items() if kk != "first_divergence"} for k, v in summaries.items()}}
+
+    target_costs = cost_model.measure_costs(pair.target, first_prompt, repeats=args.cost_repeats)
+    draft_costs = cost_model.measure_costs(pair.draft, first_prompt, repeats=args.cost_repeats) if pair.draft else None
+    print_cost_table(target_costs, draft_costs)
+    efficiency = efficiency_rows(records, names, summaries, target_costs, draft_costs)
+    result = {"pair": pair.name, "precision": pair.precision.as_record(), "threads": threads,
+              "max_new_tokens": args.max_new_tokens, "gamma": args.gamma,
+              "forward_ms": {"target": target_costs, "draft": draft_costs}, "efficiency": efficiency,
+              "summaries": {k: {kk: vv for kk, vv in v.items() if kk not in ("first_divergence", "divergences")}
+                            for k, v in summaries.items()}}
     ours, theirs = summaries.get("speculative", {}).get("speedup"), summaries.get("hf_assisted", {}).get("speedup")
     if ours and theirs:
         result["ours_over_hf"] = ours / theirs
-        print(f"speculative speedup / hf_assisted speedup = {ours:.2f} / {theirs:.2f} = {ours / theirs:.2f}x "
-              f"(target >= 1.0)  [{fmt(summaries['speculative']['tok_per_s'])} vs "
-              f"{fmt(summaries['hf_assisted']['tok_per_s'])} tok/s]")
-    result["forward_ms"] = forward_costs(pair, built, dataset.examples()[0], runner, args.cost_repeats)
-    for label, ms in result["forward_ms"].items():
-        print(f"forward cost  {label:<44} {ms:8.1f} ms")
+        print(f"speculative speedup / hf_assisted speedup = {ours:.2f} / {theirs:.2f} = {ours / theirs:.2f}x")
+    if FP32_GREEDY in summaries:  # the dtype's own gain: greedy over greedy in float32, paired per round
+        gain = compare(baseline, records[FP32_GREEDY], exact=False)
+        result["greedy_over_fp32"] = {"speedup": gain["speedup"], "speedup_ci95": gain["speedup_ci95"]}
+        print(f"greedy {pair.dtype} over greedy float32: {speedup_text(gain)}")
     out.mkdir(parents=True, exist_ok=True)
     (out / "result.json").write_text(json.dumps(result, indent=2, default=str))
     print(f"records and result: {out}")
     return result
 
 
-def block_sizes(built: dict) -> dict[str, tuple[str, int]]:
-    """The largest block each method feeds per step: label -> (model, tokens)."""
-    sizes = {"one token (greedy step)": ("target", 1)}
-    if "speculative" in built:
-        sizes[f"speculative verify (γ+1 = {built['speculative'].gamma + 1})"] = ("target", built["speculative"].gamma + 1)
-    if "lookahead" in built:
-        la = built["lookahead"]
-        n = 1 + (la.window + la.guesses) * (la.ngram - 1)
-        sizes[f"lookahead step (1 + (W+G)(N-1) = {n})"] = ("target", n)
-    if "ouroboros" in built:
-        ob = built["ouroboros"]
-        n = 1 + ob.gamma + ob.top_k * (ob.beta - 1)
-        sizes[f"ouroboros verify (1 + γ + K(β-1) = {n})"] = ("target", n)
-        sizes["draft one token"] = ("draft", 1)
-        m = 1 + (ob.draft_window + ob.window) * (ob.beta - 1)
-        sizes[f"ouroboros draft phrase step (≤ {m})"] = ("draft", m)
-    return sizes
+def print_cost_table(target_costs: dict, draft_costs: dict | None) -> None:
+    sizes = [k for k in cost_model.TABLE_SIZES if k in target_costs]
+    print("forward cost after the first prompt (median ms; T(k)/T(1) below)")
+    print("k          " + " ".join(f"{k:>6}" for k in sizes))
+    for label, table in (("target", target_costs), ("draft", draft_costs)):
+        if table:
+            print(f"{label:<6} ms  " + " ".join(f"{table[k]:6.1f}" for k in sizes))
+            print(f"{label:<6} x   " + " ".join(f"{v:6.2f}" for v in cost_model.ratio_table(table).values()))
 
 
-def forward_costs(pair, built: dict, example, runner, repeats: int) -> dict[str, float]:
-    """ms per forward of each block size after the example's prompt (median of ``repeats``, sequential blocks)."""
-    import statistics
-
-    from .decoding.cached_lm import CachedLM
-    from .timing import Stopwatch
-
-    prompt = runner.encode([{"role": "user", "content": example.prompt}], False)
-    watch, costs = Stopwatch(pair.device), {}
-    for label, (which, n) in block_sizes(built).items():
-        model = pair.target if which == "target" else pair.draft
-        if model is None:
-            continue
-        lm = CachedLM(model)
-        lm.forward(prompt, keep_last=1)
-        times = []
-        for _ in range(repeats + 1):  # the first call warms up
-            watch.start()
-            lm.forward(prompt[-1:] * n)
-            times.append(watch.stop())
-            lm.crop(len(prompt))
-        costs[label] = 1000 * statistics.median(times[1:])
-    return costs
+def efficiency_rows(records, names, summaries, target_costs, draft_costs) -> dict:
+    """Per method: tok/s, paired speed-up with its interval, τ, the cost bound and speed-up / bound."""
+    rows = {}
+    print(f"{'method':<14} {'tok/s':>7} {'speed-up [95% CI]':>22} {'tau':>5} {'bound':>6} {'efficiency':>10}")
+    for name in names[1:]:
+        s = summaries[name]
+        partners = paired_baseline(records[name], records[names[0]])
+        base = [partners[round_of(r)] for r in records[name]] if partners else records[names[0]]
+        limit = cost_model.bound(records[name], base, target_costs, draft_costs if name != FP32_GREEDY else None)
+        eff = s["speedup"] / limit if limit and s.get("speedup") and name != FP32_GREEDY else None
+        rows[name] = {"tok_per_s": s["tok_per_s"], "speedup": s.get("speedup"), "speedup_ci95": s.get("speedup_ci95"),
+                      "tau": s.get("tau"), "bound": limit if name != FP32_GREEDY else None, "efficiency": eff}
+        print(f"{name:<14} {fmt(s['tok_per_s']):>7} {speedup_text(s):>22} {fmt(s.get('tau')):>5} "
+              f"{fmt(rows[name]['bound']):>6} {fmt(eff):>10}")
+    return rows
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """The environment every record carries (DESIGN §2.7): code version, packages, threads, device."""
 from __future__ import annotations
 
+import os
 import platform
 import subprocess
 from functools import lru_cache
@@ -49,11 +50,20 @@ def device_name(device: torch.device) -> str:
     return cpu_name()
 
 
+def available_cores() -> int:
+    """The CPU cores this process may run on (its affinity mask), which a shared machine may restrict."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
 def environment(device: torch.device) -> dict:
     return {
         "git": git_state(),
         "versions": package_versions(),
         "torch_threads": torch.get_num_threads(),
+        "cores_available": available_cores(),
         "device": str(device),
         "device_name": device_name(device),
         "hostname": platform.node(),

@@ -15,3 +15,7 @@ def require_count(value, key: str, optional: bool = False, what: str = "a positi
     """A positive integer (or, when ``optional``, null): the shape of sizes, limits and budgets."""
     ok = isinstance(value, int) and not isinstance(value, bool) and value >= 1
     require(ok or (optional and value is None), key, f"must be {what}{' or null' if optional else ''}, got {value!r}")
+
+
+class LosslessnessError(RuntimeError):
+    """``runner.strict_lossless``: an output diverged from greedy beyond the measured numerical noise."""

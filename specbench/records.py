@@ -15,7 +15,7 @@ import sys
 from contextlib import contextmanager
 from pathlib import Path
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: resolved precision and threads in the run key; pairing rounds; losslessness verdicts
 
 
 def run_key(identity: dict) -> str:
@@ -48,7 +48,7 @@ class RecordStore:
                     record = json.loads(line)
                 except json.JSONDecodeError:
                     continue  # a corrupted line is skipped, never fatal; its prompt is redone
-                key = (record.get("run_key"), record.get("prompt_id"), record.get("repeat"))
+                key = record_identity(record)
                 if key not in seen:  # a duplicate (two writers without the lock) counts once: the first
                     seen.add(key)
                     records.append(record)
@@ -81,6 +81,17 @@ class RecordStore:
             os.fsync(fd)
         finally:
             os.close(fd)
+
+
+def round_of(record: dict) -> str | None:
+    """The interleaved round a record was measured in (None: timed on its own, ``runner.pairing=separate``)."""
+    return (record.get("pairing") or {}).get("round")
+
+
+def record_identity(record: dict) -> tuple:
+    """What makes a record unique in its file: a baseline may hold one record per (prompt, repeat) for each
+    round it was paired in, every other run one per (prompt, repeat)."""
+    return record.get("run_key"), record.get("prompt_id"), record.get("repeat"), round_of(record)
 
 
 def write_json(path: Path, payload: dict) -> None:

@@ -1,15 +1,25 @@
-"""The runner: warm-up, timing, one record per (prompt, repeat) appended as it finishes, resume.
+"""The runner: warm-up, timing, paired rounds, one record per (prompt, repeat) appended as it finishes, resume.
 
-Everything outside ``method.generate`` (tokenisation, decoding to text, scoring, writing) happens
-outside the timed region. Methods are reset before every prompt (cold start), not between the turns
-of one conversation. A multi-turn example (MT-Bench) generates turn by turn, each turn's prompt
-holding the earlier answers; its record sums time and counters over turns and keeps each turn in
-``turns``. The dataset's scorer fills the record's ``score`` before the record is written.
+Everything outside ``method.generate`` (tokenisation, decoding to text, scoring, the losslessness check,
+writing) happens outside the timed region. Methods are reset before every prompt (cold start), not
+between the turns of one conversation. A multi-turn example (MT-Bench) generates turn by turn, each turn's
+prompt holding the earlier answers; its record sums time and counters over turns and keeps each turn in
+``turns``.
+
+Pairing (DESIGN §2.9). On a shared machine the load drifts over minutes, so a baseline timed minutes
+apart from the method measures the load, not the method. ``run`` takes several entries: the first is the
+baseline, and each (prompt, repeat) is one **round** in which the baseline and every entry still missing
+that record are timed back to back, in the same process on the same loaded weights, the order rotated
+from round to round. The round's records share a round id, and speed-up is computed from these pairs
+(metrics.py). A baseline record serves only the entries of its own round: another process, or another
+run in this one, measures its own baseline again.
 """
 from __future__ import annotations
 
 import sys
 import time
+import uuid
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,8 +29,10 @@ from .data import Example
 from .environment import environment
 from .methods.base import DecodingMethod
 from .models import ModelPair
-from .records import SCHEMA_VERSION, RecordStore, slug
+from .records import SCHEMA_VERSION, RecordStore, round_of, slug
 from .timing import Stopwatch
+
+SESSION = uuid.uuid4().hex[:12]  # this process
 
 
 @dataclass
@@ -53,53 +65,118 @@ class RunSpec:
         return self.store.path.with_suffix(".error.json")
 
 
+@dataclass
+class Entry:
+    """A method in a run, and where its records go."""
+
+    method: DecodingMethod
+    spec: RunSpec
+
+
+@dataclass
+class Measurement:
+    record: dict
+    prompts: list[list[int]]  # each turn's prompt ids (kept for the losslessness check, not written)
+
+
 class Runner:
     def __init__(self, pair: ModelPair, max_new_tokens: int, warmup: int = 1, warmup_max_new_tokens: int = 16,
                  repeats: int = 1, seed: int = 0, progress: bool = True, config: dict | None = None,
-                 tracker=None, scorer=None, chat: bool | None = None):
+                 tracker=None, scorer=None, chat: bool | None = None, lossless=None, threads: int | None = None):
+        """lossless: a lossless.LosslessCheck (temperature 0): each measured entry's output is classified
+        against the baseline's of the same round (or ``reference``) after the clocks stop."""
         self.pair, self.max_new_tokens = pair, max_new_tokens
-        self.scorer, self.chat = scorer, chat
+        self.scorer, self.chat, self.lossless = scorer, chat, lossless
         self.warmup, self.warmup_max_new_tokens = warmup, warmup_max_new_tokens
         self.repeats, self.seed, self.progress = repeats, seed, progress
         self.config = config or {}
         self.tracker = tracker
         self.stopwatch = Stopwatch(pair.device)
-        self.env = environment(pair.device)
+        self.env = {**environment(pair.device), "threads": threads}
 
-    def run(self, method: DecodingMethod, spec: RunSpec, examples: list[Example], warmup_example: Example) -> list[dict]:
-        """Generate for every (example, repeat) not yet recorded; return this selection's records.
+    def run(self, entries: list[Entry], examples: list[Example], warmup_example: Example,
+            reference: list[dict] | None = None) -> list[list[dict]]:
+        """Measure every entry on every (example, repeat) it has no record for; return each entry's records.
 
-        Holds the run's writer lock throughout, so a parallel job needing the same run waits, then resumes.
+        One entry: timed on its own. Several: ``entries[0]`` is the baseline, timed in every round next to the
+        entries that need that round; its returned records are those paired with the others' returned records.
+        reference: baseline records to classify single-entry outputs against (``runner.pairing=separate``).
+        Holds every store's writer lock throughout (parallel jobs sharing a run take turns, then resume).
         """
-        with spec.store.lock():
-            return self._run(method, spec, examples, warmup_example)
+        with ExitStack() as stack:
+            for store in sorted({e.spec.store.path: e.spec.store for e in entries}.values(), key=lambda s: str(s.path)):
+                stack.enter_context(store.lock())
+            return self._run(entries, examples, warmup_example, reference)
 
-    def _run(self, method: DecodingMethod, spec: RunSpec, examples: list[Example], warmup_example: Example) -> list[dict]:
-        store = spec.store
-        previous = spec.records_for(examples)
-        done = {(r["prompt_id"], r["repeat"]) for r in previous}
-        todo = [(rep, i, ex) for rep in range(self.repeats) for i, ex in enumerate(examples) if (ex.id, rep) not in done]
-        if previous:
-            print(f"[specbench] {spec.method}: resuming, {len(previous)} record(s) kept, {len(todo)} to run "
-                  f"({store.path})", file=sys.stderr)
-        if not todo:
-            return previous
-        self.warm_up(method, warmup_example)
-        records = list(previous)
-        bar = tqdm(total=len(todo), desc=spec.method, unit="prompt", disable=not self.progress, file=sys.stderr)
-        tokens_total, time_total = 0, 0.0
-        for repeat, index, example in todo:
-            record = self.measure(method, spec, example, index, repeat)
-            store.append(record)
-            if self.tracker is not None:
-                self.tracker.log_record(record)
-            records.append(record)
-            tokens_total += record["new_tokens"]
-            time_total += record["wall_s"]
-            bar.set_postfix(tok_s=f"{tokens_total / time_total:.2f}", last=f"{record['new_tokens'] / record['wall_s']:.2f}")
-            bar.update(1)
-        bar.close()
+    def _run(self, entries, examples, warmup_example, reference):
+        base, others = entries[0], entries[1:]
+        previous = [e.spec.records_for(examples) for e in entries]
+        units = list(range(1, len(entries))) or [0]  # entries whose records decide what is left to do
+        done = {i: {(r["prompt_id"], r["repeat"]) for r in previous[i]} for i in units}
+        todo = [(rep, i, ex, [j for j in units if (ex.id, rep) not in done[j]])
+                for rep in range(self.repeats) for i, ex in enumerate(examples)]
+        todo = [t for t in todo if t[3]]
+        kept = sum(len(done[i]) for i in units)
+        if kept:
+            print(f"[specbench] {'+'.join(e.spec.method for e in entries)}: resuming, {kept} record(s) kept, "
+                  f"{len(todo)} to run", file=sys.stderr)
+        records = [list(p) for p in previous]
+        if todo:
+            needed = {0, *(j for t in todo for j in t[3])}
+            for j in sorted(needed):
+                self.warm_up(entries[j].method, warmup_example)
+            bar = tqdm(total=len(todo), desc="+".join(e.spec.method for e in entries), unit="prompt",
+                       disable=not self.progress, file=sys.stderr)
+            for number, (repeat, index, example, need) in enumerate(todo):
+                members = [0, *need] if others else [0]
+                for j, record in self.round(entries, members, number, example, index, repeat, reference).items():
+                    records[j].append(record)
+                bar.update(1)
+            bar.close()
+        if others:  # the baseline records that belong to the returned rounds
+            rounds = {round_of(r) for j in units for r in records[j]}
+            records[0] = [r for r in records[0] if round_of(r) in rounds]
+        else:  # a baseline run on its own: one record per (prompt, repeat), though its file holds paired ones too
+            records[0] = list({(r["prompt_id"], r["repeat"]): r for r in reversed(records[0])}.values())[::-1]
         return records
+
+    def round(self, entries, members: list[int], number: int, example: Example, index: int, repeat: int,
+              reference) -> dict[int, dict]:
+        """Time ``members`` back to back on one (example, repeat), order rotated by ``number``; then check,
+        label and write their records (the baseline's first)."""
+        shift = number % len(members)
+        order = members[shift:] + members[:shift]
+        measured = {j: self.measure(entries[j].method, entries[j].spec, example, index, repeat) for j in order}
+        round_id = uuid.uuid4().hex[:12] if len(members) > 1 else None
+        for position, j in enumerate(order):
+            measured[j].record["pairing"] = {"mode": "interleaved" if round_id else "separate", "round": round_id,
+                                             "session": SESSION, "position": position, "size": len(order)}
+        baseline = measured[0] if len(members) > 1 else None
+        for j in members:
+            if j == 0 and baseline is not None:
+                continue
+            against = baseline.record if baseline else reference_for(reference, example.id)
+            same_model = entries[j].method.pair is self.pair  # (``make bench --fp32``: another dtype, no claim)
+            if self.lossless is not None and against is not None and same_model:
+                measured[j].record["lossless"] = self.check(measured[j], against)
+        out = {}
+        for j in sorted(members):  # the baseline (0) first: a method record never points at a missing round
+            record = measured[j].record
+            entries[j].spec.store.append(record)
+            if self.tracker is not None and (j > 0 or len(entries) == 1):
+                self.tracker.log_record(record)
+            out[j] = record
+        return out
+
+    def check(self, ours: Measurement, baseline: dict) -> dict:
+        """Losslessness of one record against greedy's on the same prompt: the first turn that differs decides."""
+        theirs = [t["output_ids"] for t in baseline.get("turns", [baseline])]
+        mine = [t["output_ids"] for t in ours.record.get("turns", [ours.record])]
+        for turn, (prompt, a, b) in enumerate(zip(ours.prompts, theirs, mine)):
+            result = self.lossless.classify(prompt, a, b)
+            if result["verdict"] != "identical":
+                return {**result, "turn": turn} if len(mine) > 1 else result
+        return {"verdict": "identical"}
 
     def warm_up(self, method: DecodingMethod, example: Example) -> None:
         prompt_ids = self.encode([{"role": "user", "content": example.prompt}], len(example.turns) > 1)
@@ -113,12 +190,13 @@ class Runner:
         """A single-turn example encodes its prompt text; a multi-turn one the whole conversation so far."""
         return self.pair.encode(messages if conversation else messages[-1]["content"], chat=self.chat)
 
-    def measure(self, method: DecodingMethod, spec: RunSpec, example: Example, index: int, repeat: int) -> dict:
+    def measure(self, method: DecodingMethod, spec: RunSpec, example: Example, index: int, repeat: int) -> Measurement:
         method.reset(self.seed + index)
-        messages, turns = [], []
+        messages, turns, prompts = [], [], []
         for text in example.turns:
             messages.append({"role": "user", "content": text})
-            turn = self.measure_turn(method, self.encode(messages, len(example.turns) > 1))
+            prompts.append(self.encode(messages, len(example.turns) > 1))
+            turn = self.measure_turn(method, prompts[-1])
             messages.append({"role": "assistant", "content": turn["output_text"]})
             turns.append(turn)
         record = {
@@ -132,17 +210,17 @@ class Runner:
             "repeat": repeat,
             "max_new_tokens": self.max_new_tokens,
             **combine_turns(turns),
-            "dtype": self.pair.dtype,
+            "dtype": method.pair.dtype,
             "timestamp": time.time(),
-            "env": self.env,
-            "model_info": self.pair.info,
+            "env": {**self.env, "precision": method.pair.precision.as_record()},
+            "model_info": method.pair.info,
             "config": self.config,
         }
         if len(turns) > 1:
             record["turns"] = turns
         if self.scorer is not None:  # outside the timed region; never raises (failures are recorded)
             record["score"] = self.scorer.score(example, [t["output_text"] for t in turns])
-        return record
+        return Measurement(record, prompts)
 
     def measure_turn(self, method: DecodingMethod, prompt_ids: list[int]) -> dict:
         method.prepare(prompt_ids, self.max_new_tokens, self.pair.eos_ids)  # untimed (oracles only)
@@ -162,8 +240,15 @@ class Runner:
             "drafted": gen.drafted,
             "accepted": gen.accepted,
             "accept_lengths": gen.accept_lengths,
+            "forward_sizes": gen.forward_sizes,
             "extra": gen.extra,
         }
+
+
+def reference_for(records: list[dict] | None, prompt_id: str) -> dict | None:
+    """The first repeat of ``prompt_id`` among ``records`` (a stored baseline), if any."""
+    mine = [r for r in records or () if r["prompt_id"] == prompt_id]
+    return min(mine, key=lambda r: r["repeat"]) if mine else None
 
 
 SUMMED = ("new_tokens", "wall_s", "prefill_s", "target_forwards", "draft_forwards", "drafted", "accepted")
@@ -182,6 +267,8 @@ def combine_turns(turns: list[dict]) -> dict:
         output_ids=[i for t in turns for i in t["output_ids"]],
         output_text="\n\n".join(t["output_text"] for t in turns),
         accept_lengths=[n for t in turns for n in t["accept_lengths"]],
+        forward_sizes={model: [k for t in turns for k in t["forward_sizes"].get(model, [])]
+                       for model in ("target", "draft")},
         extra={},
     )
     return combined

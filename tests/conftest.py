@@ -24,7 +24,8 @@ def tiny_gpt2():
     return build_tiny_pair(name="tiny-gpt2", arch="gpt2")
 
 
-def run_cli(*overrides: str, records_dir: Path, check: bool = True, timeout: float = 300) -> subprocess.CompletedProcess:
+def run_cli(*overrides: str, records_dir: Path, check: bool = True, timeout: float = 300,
+            env: dict | None = None) -> subprocess.CompletedProcess:
     """python -m specbench on a tiny model, records into records_dir, Hydra outputs beside it."""
     flags = [o for o in overrides if o.startswith("-")]
     overrides = tuple(o for o in overrides if not o.startswith("-"))
@@ -32,7 +33,7 @@ def run_cli(*overrides: str, records_dir: Path, check: bool = True, timeout: flo
     args = [sys.executable, "-m", "specbench", *flags, *model, f"runner.records_dir={records_dir}",
             f"hydra.run.dir={records_dir.parent / 'hydra'}", f"hydra.sweep.dir={records_dir.parent / 'multirun'}",
             "runner.progress=false", *overrides]
-    proc = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env)
     if check and proc.returncode != 0:
         raise AssertionError(f"exit {proc.returncode}\nSTDOUT:\n{proc.stdout}\nSTDERR:\n{proc.stderr}")
     return proc

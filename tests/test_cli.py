@@ -76,10 +76,13 @@ def test_interrupted_run_keeps_finished_records_and_does_not_redo_them(tmp_path)
 def test_multirun_sweep_with_basic_launcher(tmp_path):
     records = tmp_path / "records"
     run_cli("-m", "method=greedy,speculative,hf_assisted", "data.limit=2", "data.max_new_tokens=12", records_dir=records)
-    for method in ("greedy", "speculative", "hf_assisted"):
+    for method in ("speculative", "hf_assisted"):
         assert len(load_records(records, method)) == 2
+    greedy = load_records(records, "greedy")
+    # greedy's own job (timed alone), then one baseline per prompt in each method's paired rounds
+    assert len(greedy) == 6 and sum(r["pairing"]["round"] is None for r in greedy) == 2
     hf = load_records(records, "hf_assisted")
-    assert [r["output_ids"] for r in hf] == [r["output_ids"] for r in load_records(records, "greedy")]
+    assert [r["output_ids"] for r in hf] == [r["output_ids"] for r in greedy[:2]]
 
 
 def test_repeats_give_mean_and_std(tmp_path):

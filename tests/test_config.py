@@ -131,6 +131,12 @@ def test_cli_bad_overrides_fail_with_the_key(tmp_path):
         ("data.limit=0",): "data.limit",
         ("runner.baseline=sometimes",): "runner.baseline",
         ("sampling.temperature=-0.5",): "sampling.temperature",
+        ("model.dtype=float64",): "model.dtype: unknown dtype 'float64'; valid: ['auto', 'float32', 'bfloat16', 'float16']",
+        ("model.device=cuda",): "model.device",
+        ("model.device=tpu",): "model.device",
+        ("+model.linear_kernel=fastest",): "model.linear_kernel",
+        ("runner.pairing=sometimes",): "runner.pairing",
+        ("runner.strict_lossless=maybe",): "runner.strict_lossless",
     }
     for overrides, key in cases.items():
         proc = run_cli(*overrides, "data.limit=1", records_dir=records, check=False) if "data.limit=0" not in overrides \
@@ -197,3 +203,13 @@ def test_ablation_rows_and_search_and_slurm_configs_compose():
 def test_pipeline_experiment_is_not_a_single_run(tmp_path):
     proc = run_cli("+experiment=disco_table1", records_dir=tmp_path / "records", check=False)
     assert proc.returncode == 2 and "python -m specbench.disco" in proc.stderr
+
+
+def test_bad_dtype_fails_before_the_embedded_weights_load(tmp_path):
+    """model=embedded with a bad dtype: the error comes from validation, not from a load or a conversion."""
+    import os
+    env_cache = tmp_path / "cache"
+    proc = run_cli("model=embedded", "model.dtype=half", "data.limit=1", records_dir=tmp_path / "records", check=False,
+                   env={**os.environ, "SPECBENCH_CACHE": str(env_cache)})
+    assert proc.returncode == 2 and "model.dtype: unknown dtype 'half'" in proc.stderr
+    assert not env_cache.exists(), "nothing was assembled or converted"

@@ -19,11 +19,16 @@ class CachedLM:
         self.model = model
         self.device = next(model.parameters()).device
         self.cache = None
-        self.forwards = 0  # raw count of model calls since reset()
+        self.sizes: list[int] = []  # tokens fed per model call since reset(), in order
+
+    @property
+    def forwards(self) -> int:
+        """Raw count of model calls since reset()."""
+        return len(self.sizes)
 
     def reset(self) -> None:
         self.cache = None
-        self.forwards = 0
+        self.sizes = []
 
     @property
     def length(self) -> int:
@@ -51,7 +56,7 @@ class CachedLM:
             kwargs["attention_mask"], kwargs["position_ids"] = tree_inputs(parents, self.length, dtype, self.device)
         out = self.model(input_ids=input_ids, past_key_values=self.cache, use_cache=True, **kwargs)
         self.cache = out.past_key_values
-        self.forwards += 1
+        self.sizes.append(len(ids))
         return out.logits[0].float()
 
     def crop(self, new_length: int) -> None:

@@ -16,6 +16,16 @@ class Generation:
     accepted: int = 0  # of those, accepted by the verifier
     accept_lengths: list[int] = field(default_factory=list)  # per target forward: tokens emitted (accepted + bonus)
     extra: dict = field(default_factory=dict)  # method-specific raw counters
+    forward_sizes: dict = field(default_factory=dict)  # {"target": [tokens fed per call], "draft": [...]}
+
+    def count_forwards(self, target, draft=None) -> None:
+        """Forward counts and the tokens fed per forward (the cost model of ``make bench`` reads these),
+        from the CachedLMs (or anything with ``sizes``) the method drove."""
+        self.target_forwards = len(target.sizes)
+        self.forward_sizes = {"target": list(target.sizes)}
+        if draft is not None:
+            self.draft_forwards = len(draft.sizes)
+            self.forward_sizes["draft"] = list(draft.sizes)
 
 
 def finalize_tokens(tokens: Iterable[int], max_new_tokens: int, eos_ids: set[int]) -> list[int]:

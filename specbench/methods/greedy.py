@@ -23,8 +23,6 @@ class Greedy(DecodingMethod):
                 break
             logits = target.forward([token])[-1]
         tokens = finalize_tokens(out, max_new_tokens, eos_ids)
-        return Generation(
-            tokens=tokens,
-            target_forwards=target.forwards,
-            accept_lengths=[1] * target.forwards,  # one token per target forward (prefill included): τ = 1
-        )
+        gen = Generation(tokens=tokens, accept_lengths=[1] * len(tokens))  # one token per target forward: τ = 1
+        gen.count_forwards(target)
+        return gen

@@ -17,18 +17,19 @@ from .base import DecodingMethod, NoTimeline, positive_int
 
 
 class CallCounter:
-    """Counts forward calls of a module while active (a forward pre-hook)."""
+    """Counts forward calls of a module, and the tokens fed to each, while active (a forward pre-hook)."""
 
     def __init__(self, module: torch.nn.Module):
-        self.module, self.calls, self._handle = module, 0, None
+        self.module, self.sizes, self._handle = module, [], None
 
     def __enter__(self):
-        self.calls = 0
-        self._handle = self.module.register_forward_pre_hook(self._count)
+        self.sizes = []
+        self._handle = self.module.register_forward_pre_hook(self._count, with_kwargs=True)
         return self
 
-    def _count(self, *_):
-        self.calls += 1
+    def _count(self, _module, args, kwargs):
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        self.sizes.append(int(ids.shape[-1]) if ids is not None else 0)
 
     def __exit__(self, *_):
         self._handle.remove()
@@ -78,7 +79,6 @@ class HFAssisted(DecodingMethod):
                 generation_config=self.generation_config(max_new_tokens, eos_ids),
             )
         new = out[0, input_ids.shape[1]:].tolist()
-        return Generation(
-            tokens=finalize_tokens(new, max_new_tokens, eos_ids),
-            target_forwards=target_calls.calls, draft_forwards=draft_calls.calls,
-        )
+        gen = Generation(tokens=finalize_tokens(new, max_new_tokens, eos_ids))
+        gen.count_forwards(target_calls, draft_calls)
+        return gen

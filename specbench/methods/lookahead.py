@@ -77,6 +77,6 @@ class Lookahead(PooledMethod):
             stats["steps_with_candidates"] += step.had_candidates
             stats["ngrams_inserted"] += step.inserted
         gen.tokens = finalize_tokens(out, max_new_tokens, eos_ids)
-        gen.target_forwards = target.forwards
+        gen.count_forwards(target)
         gen.extra = {**stats, "pool_size": len(self.pool)}
         return gen

@@ -115,7 +115,7 @@ class Ouroboros(PooledMethod):
             gen.accepted += len(emitted) - 1
             ex["pool_size"].append(len(self.pool))
         gen.tokens = finalize_tokens(out, max_new_tokens, eos_ids)
-        gen.target_forwards, gen.draft_forwards = target.forwards, draft.forwards
+        gen.count_forwards(target, draft)
         gen.extra = ex
         return gen
 

@@ -90,7 +90,7 @@ class SpeculativeDecoding(DecodingMethod):
 
         gen.tokens = finalize_tokens(out, max_new_tokens, eos_ids)
         gen.extra["sl"] = sl
-        gen.target_forwards, gen.draft_forwards = target.forwards, draft.forwards
+        gen.count_forwards(target, draft)
         return gen
 
     def _draft(self, draft: CachedLM, tokens: list[int], limit: int, eos_ids: set[int]):

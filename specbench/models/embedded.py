@@ -13,13 +13,15 @@ import hashlib
 import importlib
 import os
 import shutil
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from ..errors import ConfigError
-from .pair import ModelPair, attention_of, eos_ids_of, prepare_for_inference, resolve_dtype
+from .pair import ModelPair, attention_of, eos_ids_of, prepare_for_inference
+from .precision import DTYPES, announce, resolve_precision
 
 
 @dataclass(frozen=True)
@@ -92,50 +94,77 @@ def converted_dir(spec: PackagedGGUF, dtype: str, root: Path) -> Path:
 
 
 def prepare(spec: PackagedGGUF, dtype: str = "float32", root: Path | None = None, keep_gguf: bool = False) -> Path:
-    """Return a Hugging Face checkpoint dir for ``spec`` in ``dtype``, building it once if needed."""
+    """Return a Hugging Face checkpoint dir for ``spec`` in ``dtype``, building it once if needed.
+
+    One cache per dtype (bf16 is half the size of fp32). A checkpoint already converted to another dtype
+    is the source when there is one (the GGUF dequantises to float32 exactly, so casting that checkpoint
+    gives the same tensors as dequantising again, in a fraction of the time); otherwise the GGUF is.
+    """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     root = root or cache_root()
     out = converted_dir(spec, dtype, root)
     if (out / "config.json").exists():
         return out
-    gguf = assemble(spec, root)
-    print(f"[specbench] converting embedded {spec.role} ({spec.filename}) to {dtype}; once only, ~1-2 min")
-    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=resolve_dtype(dtype))
-    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    model.hf_quantizer = None  # the weights are dequantised now; save them as plain tensors
-    if hasattr(model.config, "quantization_config"):
-        del model.config.quantization_config
+    source = converted_dir(spec, "float32", root)
+    if dtype != "float32" and (source / "config.json").exists():
+        print(f"[specbench] casting the embedded {spec.role}'s float32 checkpoint to {dtype}; once only", file=sys.stderr)
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=DTYPES[dtype])
+        tokenizer = AutoTokenizer.from_pretrained(source)
+        gguf = None
+    else:
+        gguf = assemble(spec, root)
+        print(f"[specbench] converting embedded {spec.role} ({spec.filename}) to {dtype}; once only, ~1-2 min",
+              file=sys.stderr)
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=DTYPES[dtype])
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        model.hf_quantizer = None  # the weights are dequantised now; save them as plain tensors
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
     tmp.rename(out)
-    if not keep_gguf:
+    if gguf is not None and not keep_gguf:
         gguf.unlink()
     return out
 
 
-def load_embedded_pair(name: str, dtype: str = "float32", device: str = "cpu", chat_template: bool = True,
-                       attn_implementation: str | None = None, **_) -> ModelPair:
+def load_embedded_pair(name: str, dtype: str = "auto", device: str = "cpu", chat_template: bool = True,
+                       attn_implementation: str | None = None, linear_kernel: str = "auto", **_) -> ModelPair:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    torch_dtype = resolve_dtype(dtype)
-    kwargs = {"dtype": torch_dtype}
+    precision = resolve_precision(dtype, device, linear_kernel)  # bad values fail here, before any weights load
+    announce(precision, name)
+    kwargs = {"dtype": precision.torch_dtype}
     if attn_implementation:
         kwargs["attn_implementation"] = attn_implementation
-    dirs = {spec.role: prepare(spec, dtype) for spec in (TARGET, DRAFT)}
-    target = prepare_for_inference(AutoModelForCausalLM.from_pretrained(dirs["target"], **kwargs), device)
-    draft = prepare_for_inference(AutoModelForCausalLM.from_pretrained(dirs["draft"], **kwargs), device)
+    dirs = {spec.role: prepare(spec, precision.dtype) for spec in (TARGET, DRAFT)}
+    target = prepare_for_inference(AutoModelForCausalLM.from_pretrained(dirs["target"], **kwargs), device, precision)
+    draft = prepare_for_inference(AutoModelForCausalLM.from_pretrained(dirs["draft"], **kwargs), device, precision)
     tokenizer = AutoTokenizer.from_pretrained(dirs["target"])
     return ModelPair(
         name=name, target=target, draft=draft, tokenizer=tokenizer, eos_ids=eos_ids_of(tokenizer, target),
-        dtype=dtype, chat_template=chat_template,
+        precision=precision, chat_template=chat_template,
         info={"target": f"{TARGET.upstream} ({TARGET.filename})", "draft": f"{DRAFT.upstream} ({DRAFT.filename})",
               "attn_implementation": attention_of(target)},
     )
 
 
-if __name__ == "__main__":
+def main(argv=None) -> None:
+    """``python -m specbench.models.embedded [--dtype auto|float32|bfloat16|float16]``: convert ahead of time."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description="Assemble and convert the embedded pair once (per dtype).")
+    parser.add_argument("--dtype", default="auto", help="auto (the dtype runs will resolve to on this machine), "
+                                                        "float32, bfloat16 or float16")
+    args = parser.parse_args(argv)
+    precision = resolve_precision(args.dtype, "cpu")
+    announce(precision)
     for spec in (TARGET, DRAFT):
-        print(spec.role, prepare(spec))
+        print(spec.role, prepare(spec, precision.dtype))
+
+
+if __name__ == "__main__":
+    main()

@@ -7,7 +7,8 @@ local Hugging Face cache, or ``model.target``/``model.draft`` must point at loca
 from __future__ import annotations
 
 from ..errors import ConfigError
-from .pair import ModelPair, attention_of, eos_ids_of, prepare_for_inference, resolve_dtype
+from .pair import ModelPair, attention_of, eos_ids_of, prepare_for_inference
+from .precision import announce, placement_device, resolve_precision
 
 
 def _load(role: str, name: str, model_id: str, local_files_only: bool, **kwargs):
@@ -25,13 +26,15 @@ def _load(role: str, name: str, model_id: str, local_files_only: bool, **kwargs)
         ) from exc
 
 
-def load_hub_pair(name: str, target: str, draft: str | None, dtype: str = "float16", device_map: str | None = "auto",
+def load_hub_pair(name: str, target: str, draft: str | None, dtype: str = "auto", device_map: str | None = "auto",
                   trust_remote_code: bool = False, local_files_only: bool = True, chat_template: bool = False,
                   attn_implementation: str | None = None, tokenizer: str | None = None,
-                  eos_token_ids: list[int] | None = None, **_) -> ModelPair:
+                  eos_token_ids: list[int] | None = None, linear_kernel: str = "auto", **_) -> ModelPair:
     from transformers import AutoTokenizer
 
-    kwargs = dict(dtype=resolve_dtype(dtype), trust_remote_code=trust_remote_code)
+    precision = resolve_precision(dtype, placement_device(device_map), linear_kernel)
+    announce(precision, name)
+    kwargs = dict(dtype=precision.torch_dtype, trust_remote_code=trust_remote_code)
     if device_map:
         kwargs["device_map"] = device_map
     if attn_implementation:
@@ -45,10 +48,12 @@ def load_hub_pair(name: str, target: str, draft: str | None, dtype: str = "float
             f"model.tokenizer: cannot load the tokenizer '{tokenizer_id}' for pair '{name}' offline; point "
             f"model.target (or model.tokenizer) at a local directory or set model.local_files_only=false"
         ) from exc
-    target_model = prepare_for_inference(_load("target", name, target, local_files_only, **kwargs))
-    draft_model = prepare_for_inference(_load("draft", name, draft, local_files_only, **kwargs)) if draft else None
+    target_model = prepare_for_inference(_load("target", name, target, local_files_only, **kwargs), precision=precision)
+    draft_model = (prepare_for_inference(_load("draft", name, draft, local_files_only, **kwargs), precision=precision)
+                   if draft else None)
     return ModelPair(
         name=name, target=target_model, draft=draft_model, tokenizer=tok,
-        eos_ids=eos_ids_of(tok, target_model, extra=eos_token_ids or ()), dtype=dtype, chat_template=chat_template,
+        eos_ids=eos_ids_of(tok, target_model, extra=eos_token_ids or ()), precision=precision,
+        chat_template=chat_template,
         info={"target": target, "draft": draft, "attn_implementation": attention_of(target_model)},
     )

@@ -6,9 +6,8 @@ from typing import Any, Sequence
 
 import torch
 
-from ..errors import require
-
-DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+from .cpu_linear import apply_linear_kernel
+from .precision import Precision
 
 
 @dataclass
@@ -18,9 +17,14 @@ class ModelPair:
     draft: torch.nn.Module | None
     tokenizer: Any
     eos_ids: set[int]
-    dtype: str = "float32"
+    precision: Precision
     chat_template: bool = False  # wrap prompts with the tokenizer's chat template
     info: dict = field(default_factory=dict)  # what records carry: ids/paths, attention implementation ...
+
+    @property
+    def dtype(self) -> str:
+        """The resolved dtype name (``model.dtype: auto`` resolved on this machine)."""
+        return self.precision.dtype
 
     @property
     def device(self) -> torch.device:
@@ -54,11 +58,6 @@ def plain_conversation(messages: Sequence[dict]) -> str:
     return "\n".join(lines + ["ASSISTANT:"])
 
 
-def resolve_dtype(name: str, key: str = "model.dtype") -> torch.dtype:
-    require(name in DTYPES, key, f"unknown dtype {name!r}; valid: {sorted(DTYPES)}")
-    return DTYPES[name]
-
-
 def eos_ids_of(tokenizer, *models, extra: Sequence[int] = ()) -> set[int]:
     """EOS ids from the tokenizer, the models' generation configs and any configured extras."""
     ids: set[int] = set(int(i) for i in extra)
@@ -71,11 +70,15 @@ def eos_ids_of(tokenizer, *models, extra: Sequence[int] = ()) -> set[int]:
     return ids
 
 
-def prepare_for_inference(model: torch.nn.Module, device: str | None = None) -> torch.nn.Module:
+def prepare_for_inference(model: torch.nn.Module, device: str | None = None,
+                          precision: Precision | None = None) -> torch.nn.Module:
+    """eval mode, no gradients, on ``device``, and on the precision's linear kernel."""
     model.eval()
     model.requires_grad_(False)
     if device is not None:
         model.to(device)
+    if precision is not None:
+        apply_linear_kernel(model, precision.linear_kernel)
     return model
 
 

@@ -11,7 +11,8 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from ..errors import require
-from .pair import ModelPair, attention_of, prepare_for_inference, resolve_dtype
+from .pair import ModelPair, attention_of, prepare_for_inference
+from .precision import resolve_precision
 
 SPECIALS = ["<pad>", "<bos>", "<eos>"]
 
@@ -43,6 +44,16 @@ def tiny_model(arch: str, vocab_size: int, hidden_size: int, layers: int, seed: 
     return model
 
 
+def tie_output_rows(model: torch.nn.Module, ties) -> None:
+    """Make token b's logit equal token a's at every position, for each [a, b] in ``ties``."""
+    head = model.get_output_embeddings()
+    with torch.no_grad():
+        for a, b in ties:
+            head.weight[b] = head.weight[a]
+            if getattr(head, "bias", None) is not None:
+                head.bias[b] = head.bias[a]
+
+
 def perturbed_copy(model: torch.nn.Module, noise: float, seed: int) -> torch.nn.Module:
     """Same architecture and weights + N(0, noise * std(weight)) noise: a draft that mostly agrees."""
     draft = type(model)(model.config)
@@ -57,15 +68,19 @@ def perturbed_copy(model: torch.nn.Module, noise: float, seed: int) -> torch.nn.
 
 def build_tiny_pair(name: str = "tiny-llama", arch: str = "llama", hidden_size: int = 64, layers: int = 2,
                     seed: int = 0, draft_noise: float = 0.05, init_range: float = 0.2, dtype: str = "float32",
-                    device: str = "cpu", chat_template: bool = False, **_) -> ModelPair:
+                    device: str = "cpu", chat_template: bool = False, linear_kernel: str = "auto",
+                    lm_head_ties: list | None = None, **_) -> ModelPair:
+    """lm_head_ties: [[a, b], ...] copies token a's output row onto token b's, so the two always tie exactly
+    (a hand-made near-tie for testing the losslessness classification)."""
     require(draft_noise >= 0, "model.draft_noise", f"must be >= 0, got {draft_noise}")
+    precision = resolve_precision(dtype, device, linear_kernel)
     tok = byte_tokenizer()
-    torch_dtype = resolve_dtype(dtype)
     target = tiny_model(arch, len(tok), hidden_size, layers, seed, init_range, tok)
+    tie_output_rows(target, lm_head_ties or [])
     draft = perturbed_copy(target, draft_noise, seed + 1)
-    target, draft = (prepare_for_inference(m.to(torch_dtype), device) for m in (target, draft))
+    target, draft = (prepare_for_inference(m.to(precision.torch_dtype), device, precision) for m in (target, draft))
     return ModelPair(
-        name=name, target=target, draft=draft, tokenizer=tok, eos_ids={tok.eos_token_id}, dtype=dtype,
+        name=name, target=target, draft=draft, tokenizer=tok, eos_ids={tok.eos_token_id}, precision=precision,
         chat_template=chat_template,
         info={"target": f"tiny-{arch}-random(seed={seed})", "draft": f"target+noise({draft_noise})",
               "attn_implementation": attention_of(target)},

@@ -19,12 +19,31 @@ def accuracy_text(accuracy: dict | None) -> str:
     return text + (f" ({accuracy['failed']} failed)" if accuracy.get("failed") else "")
 
 
+def identity_text(s: dict) -> str:
+    """'14/15 (1 near-tie)', '13/15 (1 near-tie, 1 MISMATCH)', '(baseline)' or '-'."""
+    if not s.get("compared"):
+        return "(baseline)" if s.get("is_baseline") else "-"
+    notes = [f"{s[key]} {label}" for key, label in (("near_ties", "near-tie"), ("mismatches", "MISMATCH"),
+                                                    ("unclassified", "unclassified")) if s.get(key)]
+    return f"{s['identical']}/{s['compared']}" + (f" ({', '.join(notes)})" if notes else "")
+
+
+def speedup_text(s: dict) -> str:
+    """'1.42x [1.35, 1.49]' (paired, 95% interval), '1.42x ±0.03' (unpaired, std over repeats) or '-'."""
+    speedup = s.get("speedup")
+    if speedup is None:
+        return "-"
+    if s.get("speedup_ci95"):
+        lo, hi = s["speedup_ci95"]
+        return f"{speedup:.2f}x [{lo:.2f}, {hi:.2f}]"
+    return f"{speedup:.2f}x" + (f" ±{s['speedup_std']:.2f}" if s.get("speedup_std") else "") + \
+        (" unpaired" if s.get("paired") is False else "")
+
+
 def summary_rows(summaries: list[tuple[str, dict]]) -> list[list[str]]:
     rows = []
     for name, s in summaries:
-        identical = f"{s['identical']}/{s['compared']}" if s.get("compared") else "(baseline)" if s.get("is_baseline") else "-"
-        speedup = s.get("speedup")
-        speedup_txt = "-" if speedup is None else f"{speedup:.2f}x" + (f" ±{s['speedup_std']:.2f}" if s.get("speedup_std") else "")
+        identical, speedup_txt = identity_text(s), speedup_text(s)
         rows.append([name, str(s.get("prompts", 0)), str(s.get("new_tokens", 0)), fmt(s.get("tok_per_s")),
                      fmt(s.get("ms_per_token"), ".1f"), speedup_txt, fmt(s.get("tau")), fmt(s.get("acceptance_rate")),
                      identical, accuracy_text(s.get("accuracy"))])
@@ -41,15 +60,23 @@ def render_table(summaries: list[tuple[str, dict]]) -> str:
 
 def render_headline(name: str, s: dict) -> str:
     """The key numbers of the measured method, one per line."""
-    lines = [f"method: {name}",
+    lines = [f"method: {name}" + (f" ({s['dtype']}, {s['threads']} threads)" if s.get("dtype") else ""),
              f"tokens/s: {fmt(s.get('tok_per_s'))} (mean of per-prompt rates {fmt(s.get('tok_per_s_prompt_mean'))})",
              f"latency per token: {fmt(s.get('ms_per_token'), '.1f')} ms"]
-    if s.get("speedup") is not None:
-        lines.append(f"speedup vs greedy: {s['speedup']:.2f}x")
+    if s.get("speedup") is not None and s.get("paired"):
+        ci = s.get("speedup_ci95")
+        interval = f", 95% CI {ci[0]:.2f}-{ci[1]:.2f}" if ci else ""
+        lines.append(f"speedup vs greedy: {s['speedup']:.2f}x (mean of {s['pairs']} paired ratio(s){interval}; "
+                     f"Σtokens/Σtime {s['speedup_total']:.2f}x)")
+    elif s.get("speedup") is not None:
+        lines.append(f"speedup vs greedy: {s['speedup']:.2f}x (unpaired: the baseline was timed separately)")
     lines.append(f"tau (mean tokens per target forward): {fmt(s.get('tau'))}")
     lines.append(f"acceptance rate: {fmt(s.get('acceptance_rate'))}")
     if s.get("compared"):
-        lines.append(f"identical to greedy: {s['identical']}/{s['compared']}")
+        near = f" ({s['near_ties']} near-tie{'s' if s.get('near_ties', 0) != 1 else ''})" if s.get("near_ties") else ""
+        unclassified = f", {s['unclassified']} unclassified" if s.get("unclassified") else ""
+        lines.append(f"identical to greedy: {s['identical']}/{s['compared']}{near}, "
+                     f"{s.get('mismatches', 0)} mismatch{'es' if s.get('mismatches', 0) != 1 else ''}{unclassified}")
     acc = s.get("accuracy")
     if acc:
         counted = f"over {acc['scored']} scored prompt(s)" if acc["scored"] else f"{acc['not_scored']} prompt(s)"

@@ -1,0 +1,76 @@
+"""Forward costs T(k) of the target and the draft, and the speed-up they allow each method (``make bench``).
+
+T(k): milliseconds for one forward of k new tokens after a real prompt (median of repeats), measured in
+the same process as the methods. The papers' premise is T(γ+1) ≈ T(1) (verification is nearly free);
+``T(k)/T(1)`` says how true that is on this machine.
+
+The bound: a method's records say how many tokens each of its forwards fed (``forward_sizes``), so its
+generation time predicted from the cost table is Σ T_model(k) over its forwards, and greedy's is
+Σ T_target(1) (+ its prefill). bound = predicted greedy time / predicted method time: the speed-up the
+method would have if nothing but forwards cost time. For speculative decoding with γ draft tokens this
+is τ·T(1) / (T(γ+1) + γ·T_draft(1)) per step, the usual formula. efficiency = measured speed-up / bound:
+what the method's own loop (sampling, cache bookkeeping, Python) and the machine's drift leave of it.
+"""
+from __future__ import annotations
+
+import statistics
+from bisect import bisect_left
+
+from .decoding.cached_lm import CachedLM
+from .timing import Stopwatch
+
+TABLE_SIZES = (1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 24, 32)
+EXTRA_SIZES = (48, 64, 128, 256, 512)  # prefill-sized blocks, only to predict prefills
+
+
+def measure_costs(model, prompt: list[int], sizes=TABLE_SIZES + EXTRA_SIZES, repeats: int = 3) -> dict[int, float]:
+    """ms per forward of k tokens after ``prompt`` (median of ``repeats`` after one warm call), the cache cropped
+    back to the prompt after each."""
+    lm, watch = CachedLM(model), Stopwatch(next(model.parameters()).device)
+    lm.forward(prompt, keep_last=1)
+    costs = {}
+    for k in sizes:
+        times = []
+        for _ in range(repeats + 1):
+            watch.start()
+            lm.forward((prompt * (k // len(prompt) + 1))[-k:], keep_last=k)
+            times.append(watch.stop())
+            lm.crop(len(prompt))
+        costs[k] = 1000 * statistics.median(times[1:])
+    return costs
+
+
+def interpolate(costs: dict[int, float], k: int) -> float:
+    """T(k) from the table: exact where measured, linear between measured sizes, extrapolated linearly past the
+    largest."""
+    sizes = sorted(costs)
+    if k in costs:
+        return costs[k]
+    i = bisect_left(sizes, k)
+    if i == 0:
+        return costs[sizes[0]]
+    lo, hi = (sizes[i - 1], sizes[i]) if i < len(sizes) else (sizes[-2], sizes[-1])
+    return costs[lo] + (costs[hi] - costs[lo]) * (k - lo) / (hi - lo)
+
+
+def predicted_ms(records: list[dict], target_costs: dict[int, float], draft_costs: dict[int, float] | None) -> float:
+    """Σ over the records' forwards of T(tokens fed) for the model that ran them."""
+    total = 0.0
+    for r in records:
+        sizes = r.get("forward_sizes") or {}
+        total += sum(interpolate(target_costs, k) for k in sizes.get("target", []))
+        if draft_costs:
+            total += sum(interpolate(draft_costs, k) for k in sizes.get("draft", []))
+    return total
+
+
+def bound(records: list[dict], baseline: list[dict], target_costs, draft_costs) -> float | None:
+    """Speed-up allowed by the forward costs alone: predicted baseline time / predicted method time (same prompts)."""
+    method_ms = predicted_ms(records, target_costs, draft_costs)
+    base_ms = predicted_ms(baseline, target_costs, draft_costs)
+    return base_ms / method_ms if method_ms > 0 and base_ms > 0 else None
+
+
+def ratio_table(costs: dict[int, float]) -> dict[int, float]:
+    """T(k)/T(1) over the table sizes."""
+    return {k: costs[k] / costs[1] for k in TABLE_SIZES if k in costs}

@@ -1,0 +1,157 @@
+"""Is a divergence from greedy a bug, or rounding at a near-tie? (DESIGN §2.10)
+
+In bf16/fp16 a k-token forward and k one-token forwards sum in different orders, so their logits differ
+slightly, and where the target's two best tokens are that close, a correct method can pick the other
+one. So at a prompt's first divergence (after the clock stopped) we recompute the target's logits at
+that prefix, by a one-token step and by a k-token block, and take the **gap** between greedy's token g
+and the method's token m: gap = l(g) - l(m) on the one-token path (greedy's own path).
+
+Tolerance, and why: let δ bound |Δ_v| = |l_block(v) - l_step(v)| for every token v. The method chose m on
+a path whose logits are l + Δ, so l(m) + Δ_m >= l(g) + Δ_g, i.e. gap <= Δ_m - Δ_g <= 2δ. A gap above 2δ
+cannot come from that noise: **MISMATCH** (a bug). A gap within it is a **near-tie**. δ is measured,
+never assumed: the largest |Δ| over every vocabulary entry at every position of a calibration run
+(``measure_noise``: 2 prompts x 32 positions, blocks of 2/4/8/16 tokens, causal and tree-masked), and
+at the divergence itself; the larger of the two is used. The calibration is cached per (pair, dtype,
+linear kernel, threads, torch, device) under ``$SPECBENCH_CACHE/noise/``.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from .decoding.cached_lm import CachedLM
+from .metrics import first_divergence
+from .records import write_json
+
+CALIBRATION_TEXTS = (
+    "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
+    "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. "
+    "How many clips did Natalia sell altogether in April and May?",
+)
+IDENTICAL, NEAR_TIE, MISMATCH = "identical", "near-tie", "MISMATCH"
+
+
+@dataclass
+class NoiseProfile:
+    """max |logit(one-token steps) - logit(k-token block)| over the calibration run."""
+
+    max_abs_diff: float
+    per_block: dict  # "causal-<k>" / "tree-<k>" -> max |Δ| for that path
+    positions: int
+
+    @property
+    def tolerance(self) -> float:
+        return 2 * self.max_abs_diff
+
+
+def _rows_by_steps(lm: CachedLM, prompt: list[int], tokens: list[int]) -> torch.Tensor:
+    lm.forward(prompt, keep_last=1)
+    return torch.stack([lm.forward([t])[-1] for t in tokens])
+
+
+def _rows_by_blocks(lm: CachedLM, prompt: list[int], tokens: list[int], k: int, tree: bool) -> torch.Tensor:
+    lm.forward(prompt, keep_last=1)
+    rows = []
+    for i in range(0, len(tokens), k):
+        block = tokens[i:i + k]
+        parents = list(range(-1, len(block) - 1)) if tree else None  # a chain fed through the explicit-mask path
+        rows.append(lm.forward(block, keep_last=len(block), parents=parents))
+    return torch.cat(rows)
+
+
+def greedy_tokens(model, prompt: list[int], n: int) -> list[int]:
+    lm = CachedLM(model)
+    logits = lm.forward(prompt, keep_last=1)[-1]
+    out = []
+    for _ in range(n):
+        out.append(int(logits.argmax()))
+        logits = lm.forward([out[-1]])[-1]
+    return out
+
+
+def measure_noise(model, prompts: list[list[int]], positions: int = 32, blocks=(2, 4, 8, 16)) -> NoiseProfile:
+    """Feed each prompt's greedy continuation one token at a time and in blocks of k (causal and tree-masked);
+    δ = the largest absolute logit difference between the paths, over all positions and vocabulary entries."""
+    per_block: dict[str, float] = {}
+    for prompt in prompts:
+        tokens = greedy_tokens(model, prompt, positions)
+        steps = _rows_by_steps(CachedLM(model), prompt, tokens)
+        for k in blocks:
+            for tree in (False, True):
+                rows = _rows_by_blocks(CachedLM(model), prompt, tokens, k, tree)
+                key = f"{'tree' if tree else 'causal'}-{k}"
+                per_block[key] = max(per_block.get(key, 0.0), float((rows - steps).abs().max()))
+    return NoiseProfile(max_abs_diff=max(per_block.values()), per_block=per_block, positions=positions * len(prompts))
+
+
+def noise_cache_path(pair, threads: int) -> Path:
+    from .models.embedded import cache_root
+
+    identity = {"pair": pair.name, "info": pair.info, "precision": pair.precision.as_record(), "threads": threads,
+                "torch": torch.__version__, "device": str(pair.device)}
+    digest = hashlib.sha1(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    return cache_root() / "noise" / f"{pair.name}-{pair.dtype}-{digest}.json"
+
+
+def noise_profile(pair, threads: int) -> NoiseProfile:
+    """The pair's measured noise, from the cache or measured now (seconds on a CPU; outside any timed region)."""
+    path = noise_cache_path(pair, threads)
+    if path.exists():
+        return NoiseProfile(**json.loads(path.read_text()))
+    print(f"[specbench] measuring the target's logit noise between one-token and block forwards ({pair.dtype}); "
+          "once per pair, dtype and machine", file=sys.stderr)
+    prompts = [pair.encode(text, chat=False) for text in CALIBRATION_TEXTS]
+    profile = measure_noise(pair.target, prompts)
+    write_json(path, asdict(profile))
+    return profile
+
+
+def logits_at(model, prefix: list[int], block: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The target's next-token logits after ``prefix``: (by a one-token step, by a ``block``-token forward)."""
+    step = CachedLM(model)
+    if len(prefix) > 1:
+        step.forward(prefix[:-1], keep_last=1)
+    by_step = step.forward(prefix[-1:])[-1]
+    k = max(1, min(block, len(prefix) - 1))
+    blocked = CachedLM(model)
+    blocked.forward(prefix[:-k], keep_last=1)
+    by_block = blocked.forward(prefix[-k:], keep_last=1)[-1]
+    return by_step, by_block
+
+
+class LosslessCheck:
+    """Classifies a method's output against greedy's on the same prompt: identical / near-tie / MISMATCH."""
+
+    def __init__(self, pair, threads: int, block: int = 5):
+        self.pair, self.threads, self.block = pair, threads, block
+        self._profile: NoiseProfile | None = None
+
+    @property
+    def profile(self) -> NoiseProfile:
+        if self._profile is None:
+            self._profile = noise_profile(self.pair, self.threads)
+        return self._profile
+
+    @torch.inference_mode()
+    def classify(self, prompt_ids: list[int], greedy_ids: list[int], method_ids: list[int]) -> dict:
+        d = first_divergence(greedy_ids, method_ids)
+        if d is None:
+            return {"verdict": IDENTICAL}
+        g = greedy_ids[d] if d < len(greedy_ids) else None
+        m = method_ids[d] if d < len(method_ids) else None
+        result = {"verdict": MISMATCH, "index": d, "greedy_token": g, "method_token": m}
+        if g is None or m is None:  # one output stops where the other goes on: not a choice between two tokens
+            return {**result, "reason": "lengths differ with a common prefix"}
+        by_step, by_block = logits_at(self.pair.target, list(prompt_ids) + list(greedy_ids[:d]), self.block)
+        here = float((by_step - by_block).abs().max())
+        tolerance = 2 * max(self.profile.max_abs_diff, here)
+        gap = float(by_step[g] - by_step[m])
+        result.update(gap_step=gap, gap_block=float(by_block[g] - by_block[m]), noise_here=here,
+                      noise_calibrated=self.profile.max_abs_diff, tolerance=tolerance,
+                      verdict=NEAR_TIE if gap <= tolerance else MISMATCH)
+        return result
