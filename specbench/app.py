@@ -13,7 +13,7 @@ from omegaconf import DictConfig, OmegaConf
 from .environment import available_cores
 from .errors import ConfigError, LosslessnessError, require
 from .lossless import LosslessCheck
-from .metrics import summarize
+from .metrics import one_per_prompt, summarize
 from .models.precision import precision_of_config
 from .records import SCHEMA_VERSION, run_key, write_json
 from .report.console import render_headline, render_table
@@ -44,30 +44,59 @@ def build(node: DictConfig, key: str, **kwargs):
 def spec_for(cfg: DictConfig, method_cfg: DictConfig) -> RunSpec:
     """Run identity: everything that makes numbers comparable (data.limit excluded: it only selects prompts).
 
-    The model's dtype and linear kernel enter as resolved on this machine (``dtype: auto`` is bf16 on one
-    CPU and fp32 on another), and so do the threads; the pairing mode too, so paired and separately timed
-    records never mix in one run.
+    The identity is the configuration as written (``model.dtype: auto``, ``runner.threads: null``), so the
+    same command names the same run on any machine and a report finds it anywhere; what those resolve to
+    on the machine that measured is in every record, and ``check_resolution`` refuses to add records to a
+    run measured with another resolution. A method's pairing mode is part of it (a run with
+    ``baseline=skip`` is timed alone, so it counts as separate): paired and separately timed records of a
+    method never mix in one run. The baseline's run has no pairing mode: its file holds its records timed
+    alone and one per round it was paired in (each labelled), and every mode reads the ones it needs.
     """
     data = OmegaConf.to_container(cfg.data, resolve=True)
     data.pop("limit", None)
-    precision = precision_of_config(cfg.model)
+    method = OmegaConf.to_container(method_cfg, resolve=True)
     identity = {
         "schema": SCHEMA_VERSION,
         "model": OmegaConf.to_container(cfg.model, resolve=True),
-        "precision": {"dtype": precision.dtype, "linear_kernel": precision.linear_kernel},
         "data": data,
-        "method": OmegaConf.to_container(method_cfg, resolve=True),
+        "method": method,
         "sampling": OmegaConf.to_container(cfg.sampling, resolve=True),
-        "threads": resolved_threads(cfg),
-        "pairing": cfg.runner.get("pairing", "separate"),
+        "threads": cfg.runner.threads,
     }
+    if method != OmegaConf.to_container(cfg.baseline, resolve=True):
+        identity["pairing"] = pairing_mode(cfg)
     return RunSpec(key=run_key(identity), method=method_cfg.name, pair=cfg.model.name, data=cfg.data.name,
                    records_dir=Path(cfg.runner.records_dir))
 
 
+def pairing_mode(cfg: DictConfig) -> str:
+    """How a run's method is timed: ``interleaved`` with its baseline, or ``separate`` (also when the baseline is
+    skipped, since then nothing is timed beside it)."""
+    return "separate" if cfg.runner.baseline == "skip" else cfg.runner.pairing
+
+
 def resolved_threads(cfg: DictConfig) -> int:
-    """``runner.threads``, or (null) the cores this process may run on."""
+    """``runner.threads``, or (null) the cores this process may use (environment.available_cores)."""
     return cfg.runner.threads or available_cores()
+
+
+def check_resolution(specs: list[RunSpec], examples, precision, threads: int) -> None:
+    """A run measured as bf16 with 2 threads on one machine must not be resumed as fp32 with 8 on another:
+    the records of these runs must have been measured with the dtype, linear kernel and threads this machine
+    resolves to now (checked before any model loads)."""
+    now = (precision.dtype, precision.linear_kernel, threads)
+    for spec in specs:
+        for record in spec.records_for(examples):
+            env = record.get("env") or {}
+            then = ((env.get("precision") or {}).get("dtype", record.get("dtype")),
+                    (env.get("precision") or {}).get("linear_kernel"), env.get("threads"))
+            if then != now:
+                raise ConfigError(
+                    f"runner.records_dir: {spec.store.path} holds records of this run measured as "
+                    f"{then[0]} / {then[1]} / {then[2]} threads, and this machine resolves the same settings to "
+                    f"{now[0]} / {now[1]} / {now[2]} threads (model.dtype={precision.requested}). Use another "
+                    "runner.records_dir, or set model.dtype, model.linear_kernel and runner.threads to what "
+                    "you mean explicitly.")
 
 
 def validate_runner(cfg: DictConfig) -> None:
@@ -111,6 +140,8 @@ def measure(cfg: DictConfig, spec: RunSpec, pair=None) -> dict:
     torch.set_num_threads(threads)
     dataset = build(cfg.data, "data")
     examples, warmup_example = dataset.examples(), dataset.warmup_example()
+    base_spec = spec_for(cfg, cfg.baseline)
+    check_resolution([spec, base_spec], examples, precision_of_config(cfg.model), threads)
     pair = pair if pair is not None else build(cfg.model, "model")
     sampling = OmegaConf.to_container(cfg.sampling, resolve=True)
     tracker = build(cfg.logger, "logger") if cfg.get("logger") else None
@@ -122,10 +153,9 @@ def measure(cfg: DictConfig, spec: RunSpec, pair=None) -> dict:
                     scorer=dataset.scorer, chat=dataset.chat_template, threads=threads,
                     lossless=LosslessCheck(pair, threads) if exact else None)
     print(f"[specbench] threads: {threads} ({'runner.threads' if cfg.runner.threads else 'the cores this process may use'})"
-          f"; pairing: {cfg.runner.pairing}", file=sys.stderr)
+          f"; pairing: {pairing_mode(cfg)}", file=sys.stderr)
 
     method = Entry(build(cfg.method, "method", pair=pair, **sampling), spec)  # before any work: bad settings fail fast
-    base_spec = spec_for(cfg, cfg.baseline)
     is_baseline = base_spec.key == spec.key
     if tracker is not None:
         tracker.start(f"{spec.method}@{spec.pair}/{spec.data}", config)
@@ -134,7 +164,7 @@ def measure(cfg: DictConfig, spec: RunSpec, pair=None) -> dict:
         runner.tracker = tracker
         (records,) = runner.run([method], examples, warmup_example)
     elif cfg.runner.baseline == "skip":
-        baseline_records = base_spec.records_for(examples) or None
+        baseline_records = one_per_prompt(base_spec.records_for(examples)) or None
         if baseline_records is None:
             print(f"[specbench] no {cfg.baseline.name} baseline records for this pair/data/settings; speedup "
                   "and identity need them: re-run with runner.baseline=auto", file=sys.stderr)
@@ -142,7 +172,7 @@ def measure(cfg: DictConfig, spec: RunSpec, pair=None) -> dict:
         (records,) = runner.run([method], examples, warmup_example, reference=baseline_records)
     else:
         baseline = Entry(build(cfg.baseline, "baseline", pair=pair, **sampling), base_spec)
-        if cfg.runner.pairing == "interleaved":
+        if pairing_mode(cfg) == "interleaved":
             runner.tracker = tracker
             baseline_records, records = runner.run([baseline, method], examples, warmup_example)
         else:

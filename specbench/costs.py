@@ -8,8 +8,9 @@ The bound: a method's records say how many tokens each of its forwards fed (``fo
 generation time predicted from the cost table is Σ T_model(k) over its forwards, and greedy's is
 Σ T_target(1) (+ its prefill). bound = predicted greedy time / predicted method time: the speed-up the
 method would have if nothing but forwards cost time. For speculative decoding with γ draft tokens this
-is τ·T(1) / (T(γ+1) + γ·T_draft(1)) per step, the usual formula. efficiency = measured speed-up / bound:
-what the method's own loop (sampling, cache bookkeeping, Python) and the machine's drift leave of it.
+is τ·T(1) / (T(γ+1) + γ·T_draft(1)) per step, the usual formula. efficiency = measured speed-up / bound, both
+as Σ over Σ on the same paired prompts: what the method's own loop (sampling, cache bookkeeping, Python) leaves
+of the bound. Prefill-sized blocks (> 32 tokens) are timed keeping one row of logits, as prefills do.
 """
 from __future__ import annotations
 
@@ -24,20 +25,19 @@ EXTRA_SIZES = (48, 64, 128, 256, 512)  # prefill-sized blocks, only to predict p
 
 
 def measure_costs(model, prompt: list[int], sizes=TABLE_SIZES + EXTRA_SIZES, repeats: int = 3) -> dict[int, float]:
-    """ms per forward of k tokens after ``prompt`` (median of ``repeats`` after one warm call), the cache cropped
-    back to the prompt after each."""
+    """ms per forward of k tokens after ``prompt``, the cache cropped back to the prompt after each: the median
+    of ``repeats`` passes over all sizes (after one warm pass), sizes interleaved within a pass so that a load
+    change on the machine hits every size alike instead of skewing the ratio T(k)/T(1)."""
     lm, watch = CachedLM(model), Stopwatch(next(model.parameters()).device)
     lm.forward(prompt, keep_last=1)
-    costs = {}
-    for k in sizes:
-        times = []
-        for _ in range(repeats + 1):
+    times: dict[int, list[float]] = {k: [] for k in sizes}
+    for _ in range(repeats + 1):
+        for k in sizes:
             watch.start()
-            lm.forward((prompt * (k // len(prompt) + 1))[-k:], keep_last=k)
-            times.append(watch.stop())
+            lm.forward((prompt * (k // len(prompt) + 1))[-k:], keep_last=k if k <= max(TABLE_SIZES) else 1)
+            times[k].append(watch.stop())
             lm.crop(len(prompt))
-        costs[k] = 1000 * statistics.median(times[1:])
-    return costs
+    return {k: 1000 * statistics.median(t[1:]) for k, t in times.items()}
 
 
 def interpolate(costs: dict[int, float], k: int) -> float:

@@ -50,12 +50,44 @@ def device_name(device: torch.device) -> str:
     return cpu_name()
 
 
-def available_cores() -> int:
-    """The CPU cores this process may run on (its affinity mask), which a shared machine may restrict."""
+def affinity_cpus() -> set[int]:
     try:
-        return len(os.sched_getaffinity(0))
+        return set(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
-        return os.cpu_count() or 1
+        return set(range(os.cpu_count() or 1))
+
+
+def physical_cores(cpus: set[int]) -> int:
+    """Distinct physical cores among logical ``cpus`` (SMT siblings share one), from sysfs; len(cpus) without it."""
+    cores = set()
+    for cpu in cpus:
+        topology = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology")
+        try:
+            cores.add((topology.joinpath("physical_package_id").read_text().strip(),
+                       topology.joinpath("core_id").read_text().strip()))
+        except OSError:
+            return len(cpus)
+    return len(cores) or len(cpus)
+
+
+def cgroup_cpu_limit() -> int | None:
+    """The CPU quota of this process's cgroup (v2 ``cpu.max``, e.g. a container started with --cpus=2), rounded up."""
+    try:
+        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()
+        return None if quota == "max" else max(1, -(-int(quota) // int(period)))
+    except (OSError, ValueError):
+        return None
+
+
+def available_cores() -> int:
+    """The threads a run uses when ``runner.threads`` is null: ``OMP_NUM_THREADS`` if set, else the physical cores
+    among the CPUs this process may run on (its affinity mask; SMT siblings count once, as torch's own default
+    does), capped by a cgroup CPU quota. On the 2-vCPU machines here: 2."""
+    if os.environ.get("OMP_NUM_THREADS", "").isdigit() and int(os.environ["OMP_NUM_THREADS"]) > 0:
+        return int(os.environ["OMP_NUM_THREADS"])
+    cores = physical_cores(affinity_cpus())
+    quota = cgroup_cpu_limit()
+    return min(cores, quota) if quota else cores
 
 
 def environment(device: torch.device) -> dict:

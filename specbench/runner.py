@@ -29,6 +29,7 @@ from .data import Example
 from .environment import environment
 from .methods.base import DecodingMethod
 from .models import ModelPair
+from .metrics import first_repeat, one_per_prompt
 from .records import SCHEMA_VERSION, RecordStore, round_of, slug
 from .timing import Stopwatch
 
@@ -92,19 +93,25 @@ class Runner:
         self.config = config or {}
         self.tracker = tracker
         self.stopwatch = Stopwatch(pair.device)
+        self.order_offset = 0
         self.env = {**environment(pair.device), "threads": threads}
 
     def run(self, entries: list[Entry], examples: list[Example], warmup_example: Example,
-            reference: list[dict] | None = None) -> list[list[dict]]:
+            reference: list[dict] | None = None, order_offset: int = 0) -> list[list[dict]]:
         """Measure every entry on every (example, repeat) it has no record for; return each entry's records.
 
         One entry: timed on its own. Several: ``entries[0]`` is the baseline, timed in every round next to the
         entries that need that round; its returned records are those paired with the others' returned records.
         reference: baseline records to classify single-entry outputs against (``runner.pairing=separate``).
-        Holds every store's writer lock throughout (parallel jobs sharing a run take turns, then resume).
+        order_offset: added to the rotation of the order within rounds (make bench counts prompts across datasets).
+        Holds the writer lock of every store whose records decide what is left to do (the methods', or the only
+        entry's) throughout, so a parallel job needing the same run waits, then resumes. A paired baseline's
+        store is locked only around each append: jobs of other methods sharing it run on in parallel.
         """
+        self.order_offset = order_offset
+        owned = entries[1:] or entries[:1]
         with ExitStack() as stack:
-            for store in sorted({e.spec.store.path: e.spec.store for e in entries}.values(), key=lambda s: str(s.path)):
+            for store in sorted({e.spec.store.path: e.spec.store for e in owned}.values(), key=lambda s: str(s.path)):
                 stack.enter_context(store.lock())
             return self._run(entries, examples, warmup_example, reference)
 
@@ -127,9 +134,9 @@ class Runner:
                 self.warm_up(entries[j].method, warmup_example)
             bar = tqdm(total=len(todo), desc="+".join(e.spec.method for e in entries), unit="prompt",
                        disable=not self.progress, file=sys.stderr)
-            for number, (repeat, index, example, need) in enumerate(todo):
+            for repeat, index, example, need in todo:
                 members = [0, *need] if others else [0]
-                for j, record in self.round(entries, members, number, example, index, repeat, reference).items():
+                for j, record in self.round(entries, members, example, index, repeat, reference).items():
                     records[j].append(record)
                 bar.update(1)
             bar.close()
@@ -137,16 +144,19 @@ class Runner:
             rounds = {round_of(r) for j in units for r in records[j]}
             records[0] = [r for r in records[0] if round_of(r) in rounds]
         else:  # a baseline run on its own: one record per (prompt, repeat), though its file holds paired ones too
-            records[0] = list({(r["prompt_id"], r["repeat"]): r for r in reversed(records[0])}.values())[::-1]
+            records[0] = one_per_prompt(records[0])
         return records
 
-    def round(self, entries, members: list[int], number: int, example: Example, index: int, repeat: int,
+    def round(self, entries, members: list[int], example: Example, index: int, repeat: int,
               reference) -> dict[int, dict]:
-        """Time ``members`` back to back on one (example, repeat), order rotated by ``number``; then check,
-        label and write their records (the baseline's first)."""
-        shift = number % len(members)
+        """Time ``members`` back to back on one (example, repeat), in an order rotated by prompt and repeat (so a
+        prompt's order changes from repeat to repeat); then score, check, label and write their records (the
+        baseline's first). Nothing but the timed generations happens between the members' timings."""
+        shift = (index + repeat + self.order_offset) % len(members)
         order = members[shift:] + members[:shift]
         measured = {j: self.measure(entries[j].method, entries[j].spec, example, index, repeat) for j in order}
+        for j in order:  # outside every timed region, after the round's last clock stopped
+            self.score(example, measured[j].record)
         round_id = uuid.uuid4().hex[:12] if len(members) > 1 else None
         for position, j in enumerate(order):
             measured[j].record["pairing"] = {"mode": "interleaved" if round_id else "separate", "round": round_id,
@@ -155,28 +165,41 @@ class Runner:
         for j in members:
             if j == 0 and baseline is not None:
                 continue
-            against = baseline.record if baseline else reference_for(reference, example.id)
+            against = baseline.record if baseline else first_repeat(reference or [], example.id)
             same_model = entries[j].method.pair is self.pair  # (``make bench --fp32``: another dtype, no claim)
             if self.lossless is not None and against is not None and same_model:
                 measured[j].record["lossless"] = self.check(measured[j], against)
         out = {}
         for j in sorted(members):  # the baseline (0) first: a method record never points at a missing round
             record = measured[j].record
-            entries[j].spec.store.append(record)
+            if j == 0 and len(members) > 1:
+                with entries[0].spec.store.lock():  # shared with other methods' jobs: held for this append only
+                    entries[0].spec.store.append(record)
+            else:
+                entries[j].spec.store.append(record)
             if self.tracker is not None and (j > 0 or len(entries) == 1):
                 self.tracker.log_record(record)
             out[j] = record
         return out
 
     def check(self, ours: Measurement, baseline: dict) -> dict:
-        """Losslessness of one record against greedy's on the same prompt: the first turn that differs decides."""
+        """Losslessness of one record against greedy's on the same prompt: the first turn that differs decides;
+        ``index`` counts over the concatenated turns (as the record's output_ids). A failure of the check itself
+        is recorded as verdict ``error`` (counted as unclassified), never lost with the round's timings."""
         theirs = [t["output_ids"] for t in baseline.get("turns", [baseline])]
         mine = [t["output_ids"] for t in ours.record.get("turns", [ours.record])]
-        for turn, (prompt, a, b) in enumerate(zip(ours.prompts, theirs, mine)):
-            result = self.lossless.classify(prompt, a, b)
-            if result["verdict"] != "identical":
-                return {**result, "turn": turn} if len(mine) > 1 else result
-        return {"verdict": "identical"}
+        reference = {"against": round_of(baseline), "against_repeat": baseline.get("repeat")}
+        offset = 0
+        try:
+            for turn, (prompt, a, b) in enumerate(zip(ours.prompts, theirs, mine)):
+                result = self.lossless.classify(prompt, a, b)
+                if result["verdict"] != "identical":
+                    result["index"] = result["index"] + offset
+                    return {**result, **reference, **({"turn": turn} if len(mine) > 1 else {})}
+                offset += len(b)
+        except Exception as exc:  # noqa: BLE001 — the timings of the round are kept whatever happens here
+            return {"verdict": "error", "reason": f"{type(exc).__name__}: {exc}", **reference}
+        return {"verdict": "identical", **reference}
 
     def warm_up(self, method: DecodingMethod, example: Example) -> None:
         prompt_ids = self.encode([{"role": "user", "content": example.prompt}], len(example.turns) > 1)
@@ -218,9 +241,12 @@ class Runner:
         }
         if len(turns) > 1:
             record["turns"] = turns
-        if self.scorer is not None:  # outside the timed region; never raises (failures are recorded)
-            record["score"] = self.scorer.score(example, [t["output_text"] for t in turns])
         return Measurement(record, prompts)
+
+    def score(self, example: Example, record: dict) -> None:
+        """The dataset's task score into the record; never raises (failures are recorded)."""
+        if self.scorer is not None:
+            record["score"] = self.scorer.score(example, [t["output_text"] for t in record.get("turns", [record])])
 
     def measure_turn(self, method: DecodingMethod, prompt_ids: list[int]) -> dict:
         method.prepare(prompt_ids, self.max_new_tokens, self.pair.eos_ids)  # untimed (oracles only)
@@ -243,12 +269,6 @@ class Runner:
             "forward_sizes": gen.forward_sizes,
             "extra": gen.extra,
         }
-
-
-def reference_for(records: list[dict] | None, prompt_id: str) -> dict | None:
-    """The first repeat of ``prompt_id`` among ``records`` (a stored baseline), if any."""
-    mine = [r for r in records or () if r["prompt_id"] == prompt_id]
-    return min(mine, key=lambda r: r["repeat"]) if mine else None
 
 
 SUMMED = ("new_tokens", "wall_s", "prefill_s", "target_forwards", "draft_forwards", "drafted", "accepted")

@@ -95,9 +95,11 @@ def test_threshold_tuning_picks_the_latency_minimising_value_on_a_synthetic_tabl
     assert len(candidates) == 6 and candidates[1] == {"method.policy.threshold": 0.3, "method.policy.sl_max": 16}
     latency = {(0.3, 8): 31.0, (0.3, 16): 30.5, (0.5, 8): 27.25, (0.5, 16): 28.0, (0.7, 8): 29.0, (0.7, 16): None}
     table = [{"settings": c, "ms_per_token": latency[tuple(c.values())]} for c in candidates]
-    assert best_candidate(table)["settings"] == {"method.policy.threshold": 0.5, "method.policy.sl_max": 8}
+    assert best_candidate(table, "ms_per_token")["settings"] == {"method.policy.threshold": 0.5, "method.policy.sl_max": 8}
     tie = [{"settings": {"g": 3}, "ms_per_token": 10.0}, {"settings": {"g": 4}, "ms_per_token": 10.0}]
-    assert best_candidate(tie)["settings"] == {"g": 3}  # first listed wins a tie
+    assert best_candidate(tie, "ms_per_token")["settings"] == {"g": 3}  # first listed wins a tie
+    speedups = [{"settings": {"g": 2}, "speedup": 1.1}, {"settings": {"g": 3}, "speedup": 1.3}, {"settings": {"g": 4}}]
+    assert best_candidate(speedups)["settings"] == {"g": 3}  # by default: the largest paired speed-up
     with pytest.raises(ConfigError, match="disco.tuning"):
         best_candidate([{"settings": {}, "ms_per_token": None}])
     with pytest.raises(ConfigError, match="disco.tuning"):

@@ -57,7 +57,7 @@ def test_noise_profile_is_measured_small_and_nonnegative(tiny_llama):
     profile = measure_noise(tiny_llama.target, [[5, 6, 7, 8], [40, 41]], positions=8, blocks=(2, 4))
     assert set(profile.per_block) == {"causal-2", "tree-2", "causal-4", "tree-4"}
     assert 0 <= profile.max_abs_diff < 1e-3  # fp32: summation-order noise only
-    assert profile.tolerance == 2 * profile.max_abs_diff
+    assert profile.tolerance == 4 * profile.max_abs_diff
 
 
 def test_exact_tie_is_a_near_tie_and_a_wrong_token_a_mismatch(tied_pair, tmp_path, monkeypatch):

@@ -115,3 +115,29 @@ def test_killed_interleaved_run_resumes_without_redoing_finished_pairs(tmp_path)
     greedy_rounds = {g["pairing"]["round"] for g in load(records, "greedy")}
     assert {r["pairing"]["round"] for r in final} <= greedy_rounds
     assert len(greedy_rounds) <= 31  # at most one orphan: a baseline written just before the kill
+
+
+def test_expanded_interval_is_wider_than_the_plain_percentile_one_for_few_prompts():
+    import random
+    import statistics
+
+    values = [[1.10], [1.35], [1.22], [1.41]]
+    low, high = bootstrap_mean_ci(values)
+    rng = random.Random(0)
+    plain = sorted(statistics.fmean(rng.choices([v[0] for v in values], k=4)) for _ in range(8000))
+    assert high - low > 1.3 * (plain[int(0.975 * 7999)] - plain[int(0.025 * 7999)])
+    many = [[1.0 + 0.01 * (i % 7)] for i in range(200)]  # large n: close to the plain interval
+    low, high = bootstrap_mean_ci(many)
+    assert 0 < high - low < 0.01
+
+
+def test_resuming_a_run_measured_with_another_resolution_is_refused_before_loading(tmp_path):
+    import os
+
+    records = tmp_path / "records"
+    run_cli("method=greedy", "data.limit=1", "data.max_new_tokens=4", records_dir=records,
+            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    proc = run_cli("method=greedy", "data.limit=2", "data.max_new_tokens=4", records_dir=records, check=False,
+                   env={**os.environ, "OMP_NUM_THREADS": "2"})
+    assert proc.returncode == 2 and "runner.records_dir" in proc.stderr and "1 threads" in proc.stderr
+    assert len(load(records, "greedy")) == 1, "nothing was added"

@@ -115,7 +115,7 @@ def normalise(markdown: str) -> list[list[str]]:
     rows = []
     for line in lines:
         cells = [c.strip() for c in line.strip("|").split("|")]
-        rows.append(["#" if i in timing and re.fullmatch(r"(\*\*|<u>)?[\d.]+×?( ± [\d.]+)?(\*\*|</u>)?", c) else c
+        rows.append(["#" if i in timing and re.fullmatch(r"(\*\*|<u>)?[\d.]+×?( ± [\d.]+)?( \[[\d.]+, [\d.]+\])?(\*\*|</u>)?", c) else c
                      for i, c in enumerate(cells)])
     return rows
 
@@ -280,19 +280,27 @@ def test_notes_warn_about_concurrent_timing_and_far_apart_baselines():
 
     from specbench.report.paper import baseline_gap_hours, concurrent_cells
 
-    def rec(end, wall=10.0, host="h"):
-        return {"timestamp": end, "wall_s": wall, "env": {"hostname": host}}
+    def rec(method, end, wall=10.0, host="h", prompt="p1", round_id=None):
+        return {"method": method, "data": "gsm8k", "run_key": method, "prompt_id": prompt, "repeat": 0,
+                "timestamp": end, "wall_s": wall, "env": {"hostname": host}, "pairing": {"round": round_id}}
 
     def cell(method, records, baseline=()):
         return SimpleNamespace(records=records, baseline_records=list(baseline),
                                spec=SimpleNamespace(method=method, data="gsm8k"))
 
-    a = cell("speculative", [rec(100.0), rec(110.0)], baseline=[rec(100.0 + 7200)])
-    b = cell("lookahead", [rec(105.0)])           # timed 95..105: inside a's 90..110
-    c = cell("ouroboros", [rec(500.0)])
-    d = cell("ouroboros_warm", [rec(105.0, host="other")])  # another machine: no interference
-    assert concurrent_cells(SimpleNamespace(cells=[a, b, c, d])) == ["speculative@gsm8k / lookahead@gsm8k"]
+    a = cell("speculative", [rec("speculative", 100.0), rec("speculative", 110.0, prompt="p2")],
+             baseline=[rec("greedy", 100.0 + 7200)])
+    b = cell("lookahead", [rec("lookahead", 105.0)])           # timed 95..105: inside a's 90..110
+    c = cell("ouroboros", [rec("ouroboros", 500.0)])
+    d = cell("ouroboros_warm", [rec("ouroboros_warm", 105.0, host="other")])  # another machine: no interference
+    assert concurrent_cells(SimpleNamespace(cells=[a, b, c, d])) == ["lookahead@gsm8k / speculative@gsm8k"]
     assert abs(baseline_gap_hours(a) - (7300 - 110) / 3600) < 1e-9 and baseline_gap_hours(b) == 0.0
+
+    # paired rounds, one after another: greedy then the method, the greedy cell reusing the same baseline records
+    g1, g2 = rec("greedy", 1010.0, round_id="r1"), rec("greedy", 1030.0, round_id="r2")
+    paired = cell("speculative", [rec("speculative", 1020.0, round_id="r1"), rec("speculative", 1040.0, round_id="r2")],
+                  baseline=[g1, g2])
+    assert concurrent_cells(SimpleNamespace(cells=[paired, cell("greedy", [g1, g2])])) == []
 
 
 def test_a_failed_job_does_not_stop_the_sweep_and_its_cell_says_why(tmp_path):

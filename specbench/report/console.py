@@ -63,11 +63,12 @@ def render_headline(name: str, s: dict) -> str:
     lines = [f"method: {name}" + (f" ({s['dtype']}, {s['threads']} threads)" if s.get("dtype") else ""),
              f"tokens/s: {fmt(s.get('tok_per_s'))} (mean of per-prompt rates {fmt(s.get('tok_per_s_prompt_mean'))})",
              f"latency per token: {fmt(s.get('ms_per_token'), '.1f')} ms"]
-    if s.get("speedup") is not None and s.get("paired"):
-        ci = s.get("speedup_ci95")
-        interval = f", 95% CI {ci[0]:.2f}-{ci[1]:.2f}" if ci else ""
-        lines.append(f"speedup vs greedy: {s['speedup']:.2f}x (mean of {s['pairs']} paired ratio(s){interval}; "
-                     f"Σtokens/Σtime {s['speedup_total']:.2f}x)")
+    if s.get("is_baseline"):
+        lines.append("speedup vs greedy: 1.00x (this run is the baseline)")
+    elif s.get("speedup") is not None and s.get("paired"):
+        unpaired = f"; {s['unpaired_records']} record(s) without their baseline left out" if s.get("unpaired_records") else ""
+        lines.append(f"speedup vs greedy: {speedup_text(s)} (mean of {s['pairs']} paired ratio(s), 95% interval; "
+                     f"Σtokens/Σtime {s['speedup_total']:.2f}x{unpaired})")
     elif s.get("speedup") is not None:
         lines.append(f"speedup vs greedy: {s['speedup']:.2f}x (unpaired: the baseline was timed separately)")
     lines.append(f"tau (mean tokens per target forward): {fmt(s.get('tau'))}")
@@ -75,8 +76,9 @@ def render_headline(name: str, s: dict) -> str:
     if s.get("compared"):
         near = f" ({s['near_ties']} near-tie{'s' if s.get('near_ties', 0) != 1 else ''})" if s.get("near_ties") else ""
         unclassified = f", {s['unclassified']} unclassified" if s.get("unclassified") else ""
+        mismatches = s.get("mismatches", 0)
         lines.append(f"identical to greedy: {s['identical']}/{s['compared']}{near}, "
-                     f"{s.get('mismatches', 0)} mismatch{'es' if s.get('mismatches', 0) != 1 else ''}{unclassified}")
+                     f"{mismatches} mismatch{'es' if mismatches != 1 else ''}{unclassified}")
     acc = s.get("accuracy")
     if acc:
         counted = f"over {acc['scored']} scored prompt(s)" if acc["scored"] else f"{acc['not_scored']} prompt(s)"

@@ -20,7 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from ..app import spec_for
 from ..errors import ConfigError
-from ..metrics import mean_sl, rate, summarize
+from ..metrics import matched_baseline, mean_sl, one_per_prompt, rate, summarize
 from ..runner import RunSpec
 from ..scoring import primary_value
 from .tables import column_keys_of, row_keys_of
@@ -127,6 +127,8 @@ def _load(name: str, overrides: list[str], limit: int | None) -> Experiment:
 def load_cell(job: list[str], cfg: DictConfig, limit: int | None) -> Cell:
     cell = Cell(overrides=job, cfg=cfg, spec=spec_for(cfg, cfg.method), baseline=spec_for(cfg, cfg.baseline))
     cell.records = select(cell.spec.store.load(), cell.spec.key, limit)
+    if cell.baseline.key == cell.spec.key:  # the baseline's own cell: its file also holds every paired round's
+        cell.records = one_per_prompt(cell.records)
     if not cell.records:
         if cell.spec.error_path.exists():
             error = json.loads(cell.spec.error_path.read_text()).get("error", "")
@@ -135,7 +137,7 @@ def load_cell(job: list[str], cfg: DictConfig, limit: int | None) -> Cell:
     cell.status = "ok"
     is_baseline = cell.baseline.key == cell.spec.key
     base = None if is_baseline else select(cell.baseline.store.load(), cell.baseline.key, limit) or None
-    cell.baseline_records = base or []
+    cell.baseline_records = matched_baseline(cell.records, base) if base else []
     cell.summary = summarize(cell.records, base, exact=cfg.sampling.temperature == 0, is_baseline=is_baseline)
     cell.summary["accuracy_primary"] = primary_value(cell.summary.get("accuracy"))
     cell.summary["mean_sl"] = mean_sl(cell.records)

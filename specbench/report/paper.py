@@ -6,6 +6,8 @@ import csv
 from pathlib import Path
 
 from ..errors import ConfigError
+from ..records import record_identity
+from .console import identity_text
 from .experiment import CONF_DIR, Cell, Experiment
 from .tables import Entry, Table, build_table, to_csv, to_latex, to_markdown
 
@@ -28,7 +30,7 @@ def identical_text(cell: Cell) -> str:
         return "(baseline)"
     if cell.cfg.sampling.temperature > 0:
         return "n/a (sampling)"
-    return f"{s['identical']}/{s['compared']}" if s.get("compared") else "no baseline"
+    return identity_text(s) if s.get("compared") else "no baseline"
 
 
 def match_stats(records: list[dict]) -> dict:
@@ -60,6 +62,9 @@ def cell_entry(spec, cell: Cell, keys: list[str]) -> Entry:
         entry.values["speedup"] = "no baseline"
     if repeats:
         entry.stds = {"tok_per_s": s.get("tok_per_s_std"), "speedup": s.get("speedup_std")}
+    if s.get("speedup_ci95"):  # a paired speed-up: its interval says more than a std over repeats
+        entry.intervals = {"speedup": tuple(s["speedup_ci95"])}
+        entry.stds.pop("speedup", None)
     return entry
 
 
@@ -121,6 +126,15 @@ def environment_notes(exp: Experiment) -> list[str]:
     if counts:
         notes.append("ours: " + "; ".join(f"{p} prompt(s) × {k} repeat(s)" for p, k in counts) + " per cell"
                      + (" (mean ± std over repeats)" if any(k > 1 for _, k in counts) else ""))
+    measured = [c for c in exp.cells if c.status == "ok" and c.summary.get("speedup") is not None
+                and not c.summary.get("is_baseline")]
+    paired = [c for c in measured if c.summary.get("paired")]
+    if paired:
+        notes.append("ours: speed-up is paired — each prompt's greedy baseline was timed back to back with the "
+                     "method, in the same process — the mean of per-prompt ratios with its 95% bootstrap interval")
+    if len(paired) < len(measured):
+        notes.append("ours: unpaired speed-ups (runner.pairing=separate or runner.baseline=skip): "
+                     + ", ".join(c.spec.method + "@" + c.spec.data for c in measured if not c.summary.get("paired")))
     gap = max((baseline_gap_hours(c) for c in exp.cells), default=0.0)
     if gap > 0.5:
         notes.append(f"warning: some speed-ups compare against greedy records measured up to {gap:.1f} h apart "
@@ -142,19 +156,26 @@ def baseline_gap_hours(cell: Cell) -> float:
 
 
 def concurrent_cells(exp: Experiment) -> list[str]:
-    """Pairs of runs whose timed intervals overlap on the same host: their speeds are not comparable."""
-    spans = []
+    """Pairs of runs with records timed at the same moment on the same host (a parallel launcher): their speeds
+    are not comparable. Each record's own timed interval counts, so runs interleaved with a shared baseline
+    (paired rounds, one after another) are not flagged."""
+    intervals, seen = [], set()
     for cell in exp.cells:
-        if cell.records:
-            host = (cell.records[0].get("env") or {}).get("hostname")
-            start = min(r["timestamp"] - r["wall_s"] for r in cell.records)
-            end = max(r["timestamp"] for r in cell.records)
-            spans.append((host, start, end, cell.spec.method + "@" + cell.spec.data))
-    found = []
-    for i, (h1, s1, e1, n1) in enumerate(spans):
-        for h2, s2, e2, n2 in spans[i + 1:]:
-            if h1 == h2 and s1 < e2 and s2 < e1 and n1 != n2:
-                found.append(f"{n1} / {n2}")
+        for r in cell.records + cell.baseline_records:  # each record once, under its own run's name
+            if record_identity(r) in seen:
+                continue
+            seen.add(record_identity(r))
+            host = (r.get("env") or {}).get("hostname")
+            intervals.append((r["timestamp"] - r["wall_s"], r["timestamp"], host, f"{r['method']}@{r['data']}"))
+    intervals.sort()
+    found, active = [], []
+    for start, end, host, name in intervals:
+        active = [a for a in active if a[1] > start]
+        for _, _, other_host, other in active:
+            pair = " / ".join(sorted((name, other)))
+            if other_host == host and other != name and pair not in found:
+                found.append(pair)
+        active.append((start, end, host, name))
     return found
 
 

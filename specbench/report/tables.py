@@ -44,6 +44,7 @@ class Entry:
     keys: dict                       # key path -> canonical value
     values: dict = field(default_factory=dict)   # metric -> number (or text for `identical`)
     stds: dict = field(default_factory=dict)     # metric -> std over repeats
+    intervals: dict = field(default_factory=dict)  # metric -> (low, high), a 95% interval (paired speed-up)
     status: str = "ok"               # ok | not run yet | failed: ... (ours only)
 
 
@@ -57,7 +58,7 @@ class Table:
     tidy: list[dict]                 # one dict per number, for the CSV
 
 
-def number_text(value, std, metric: Metric) -> str:
+def number_text(value, std, metric: Metric, interval=None) -> str:
     if isinstance(value, str):
         return value
     if value is None or (isinstance(value, float) and math.isnan(value)):
@@ -65,6 +66,8 @@ def number_text(value, std, metric: Metric) -> str:
     text = format(value, metric.spec) + metric.suffix
     if std:  # std over repeats (only when there are several)
         text += " ± " + format(std, metric.spec)
+    if interval:  # a 95% interval (paired speed-up)
+        text += f" [{format(interval[0], metric.spec)}, {format(interval[1], metric.spec)}]"
     return text
 
 
@@ -134,7 +137,8 @@ def build_table(spec, ours: list[Entry], paper: list[Entry], known_methods: set[
             line.append(cell_text(e, source, m, r, row_keys, known_methods, marks.get((source, r, g, m)), first))
             where = {**dict(zip(row_keys, r)), **dict(zip(col_keys, g)), "source": source, "metric": m}
             if e is not None and e.status == "ok" and m in e.values:
-                tidy.append({**where, "value": e.values.get(m), "std": e.stds.get(m)})
+                low, high = e.intervals.get(m) or (None, None)
+                tidy.append({**where, "value": e.values.get(m), "std": e.stds.get(m), "ci95_low": low, "ci95_high": high})
             elif source == "ours" and e is not None:
                 tidy.append({**where, "value": None, "std": None, "status": e.status})
         body.append(line)
@@ -160,7 +164,7 @@ def cell_text(e: Entry | None, source: str, metric: str, row, row_keys, known_me
         return e.status
     if metric not in e.values or e.values[metric] is None:
         return "–"
-    text = number_text(e.values[metric], e.stds.get(metric), METRICS.get(metric, Metric(metric)))
+    text = number_text(e.values[metric], e.stds.get(metric), METRICS.get(metric, Metric(metric)), e.intervals.get(metric))
     return {"best": f"**{text}**", "second": f"<u>{text}</u>"}.get(mark, text)
 
 
