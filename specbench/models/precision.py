@@ -110,6 +110,9 @@ def resolve_precision(dtype: str = "auto", device: str | torch.device = "cpu", l
         reason = f"auto -> {resolved}: {bf16_why}"
     else:
         resolved, reason = dtype, "set explicitly"
+        if dtype == "bfloat16" and dev.type == "cuda":
+            require(torch.cuda.is_bf16_supported(including_emulation=True), f"{key}.dtype",
+                    f"bfloat16 cannot run on {torch.cuda.get_device_name(dev)}; valid here: ['auto', 'float16', 'float32']")
         if dtype == "bfloat16" and not bf16_ok:
             warning = f"{key}.dtype=bfloat16 on {dev}: {bf16_why}; it runs, but slower than float32 would"
         if dtype == "float16":
