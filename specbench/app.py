@@ -19,6 +19,7 @@ from .models.precision import precision_of_config
 from .records import SCHEMA_VERSION, run_key, write_json
 from .report.console import render_headline, render_table
 from .runner import Entry, Runner, RunSpec
+from .scoring.sandbox import protect_path
 
 BASELINE_MODES = ("auto", "skip")
 PAIRING_MODES = ("interleaved", "separate")
@@ -139,6 +140,7 @@ def run(cfg: DictConfig, pair=None) -> dict:
 def measure(cfg: DictConfig, spec: RunSpec, pair=None) -> dict:
     threads = resolved_threads(cfg)
     torch.set_num_threads(threads)
+    protect_path(cfg.runner.records_dir)  # sandboxed model-written code may not read the records
     dataset = build(cfg.data, "data")
     examples, warmup_example = dataset.examples(), dataset.warmup_example()
     base_spec = spec_for(cfg, cfg.baseline)

@@ -2,11 +2,14 @@
 outside its temporary directory changes."""
 import os
 import socket
+import subprocess
 import threading
 from pathlib import Path
 
 import pytest
 
+from specbench.scoring import sandbox
+from specbench.scoring.code import humaneval_program
 from specbench.scoring.sandbox import SandboxLimits, run_program
 
 from .conftest import ROOT
@@ -42,11 +45,24 @@ def test_a_good_program_passes_and_its_directory_is_removed(harness_dir):
     assert {"process-group", "rlimits", "audit-hook", "temp-dir", "clean-env"} <= set(result.isolation)
 
 
+def live_processes_mentioning(text: str) -> list[int]:
+    """Harness-side pids of live processes whose command line holds ``text`` (zombies have none)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and text.encode() in (entry / "cmdline").read_bytes():
+                pids.append(int(entry.name))
+        except OSError:
+            pass
+    return pids
+
+
 def test_infinite_loop_is_killed_at_the_timeout(harness_dir):
-    result = run_against(harness_dir, "import os\nprint(os.getpid(), flush=True)\nwhile True:\n    pass\n")
+    result = run_against(harness_dir, "import os\nprint(os.getcwd(), flush=True)\nwhile True:\n    pass\n")
     assert result.status == "timeout" and "timed out after 3 s" in result.reason
-    pid = int(result.stdout.split()[0])
-    assert not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text().lower()
+    workdir = result.stdout.split()[0]  # in the guard's command line (its policy), so in every process it made
+    assert workdir.startswith("/") and "specbench-sandbox-" in workdir
+    assert not live_processes_mentioning(workdir)
 
 
 def test_sleeping_program_is_killed_at_the_wall_clock_timeout(harness_dir):
@@ -149,4 +165,113 @@ def test_the_harness_keeps_going_after_hostile_programs(harness_dir):
     assert [r.status for r in results] == ["timeout", "failed", "failed", "failed"]
     assert all(r.reason for r in results)
     assert run_against(harness_dir, "assert sum(range(10)) == 45").passed
-    assert os.getpid() > 0  # still here
+    assert not live_processes_mentioning("specbench-sandbox-"), "a sandboxed process outlived its run"
+
+
+# --- a pass needs the tests to have run to their end ---------------------------------------------------
+
+PROMPT = "def one():\n"
+TESTS = "def check(candidate):\n    assert candidate() == 1\n"
+
+
+@pytest.mark.parametrize("completion", [
+    "    return 2\nimport sys\nsys.exit(0)\n",
+    "    return 2\nraise SystemExit(0)\n",
+    "    return 2\nimport os\nos._exit(0)\n",
+    "    return 2\nimport atexit, os\natexit.register(os._exit, 0)\n",
+    "    return 2\nimport sys, os\nsys.excepthook = lambda *a: os._exit(0)\n",
+    '    return 2\nx = """\n',  # an open string must not swallow the tests
+])
+def test_exiting_before_or_around_failing_tests_is_not_a_pass(harness_dir, completion):
+    result = run_against(harness_dir, humaneval_program(PROMPT, completion, TESTS, "one"))
+    assert result.status == "failed" and not result.proof and result.reason
+
+
+def test_the_same_program_with_a_right_answer_passes_with_proof(harness_dir):
+    result = run_against(harness_dir, humaneval_program(PROMPT, "    return 1\n", TESTS, "one"))
+    assert result.passed and result.proof and result.returncode == 0
+
+
+def test_a_solution_that_replaces_builtins_does_not_change_what_the_tests_see(harness_dir):
+    completion = "    return 1\nimport builtins\nbuiltins.exec = lambda *a, **k: None\nbuiltins.len = lambda x: 3\n"
+    tests = TESTS + "    assert len([1]) == 1\n"
+    assert run_against(harness_dir, humaneval_program(PROMPT, completion, tests, "one")).passed
+    lying = run_against(harness_dir, humaneval_program(PROMPT, "    return 2\nimport builtins\n"
+                                                        "builtins.exec = lambda *a, **k: None\n", TESTS, "one"))
+    assert lying.status == "failed" and not lying.proof
+
+
+@pytest.mark.parametrize("source", [
+    "import sys\nf = sys._getframe()\nwhile f.f_back: f = f.f_back\nprint(f.f_locals)",
+    "try:\n    1 / 0\nexcept ZeroDivisionError as e:\n    print(e.__traceback__.tb_frame.f_back.f_locals)",
+    "import gc\nprint([o for o in gc.get_objects() if isinstance(o, bytes)])",
+    "import sys\nsys.settrace(lambda *a: None)",
+    "import signal, os\nsignal.signal(signal.SIGALRM, lambda s, f: print(f.f_back.f_locals))\nsignal.alarm(1)",
+    "print(open('/proc/self/mem', 'rb').read(10))",
+    "import signal, typing, collections, sys\n"  # the guard's own functions would lead to its globals
+    "for f in (signal.signal, typing._caller, collections.namedtuple):\n"
+    "    f.__globals__['refuse'] = lambda what: None\n"
+    "sys._getframe()",
+])
+def test_the_proof_token_cannot_be_reached(harness_dir, source):
+    result = run_against(harness_dir, source)
+    assert result.status == "failed" and "blocked by the sandbox" in result.reason and not result.proof
+
+
+# --- no escape through ordinary calls ------------------------------------------------------------------
+
+@pytest.mark.parametrize("template", [
+    "import os\nfd = os.open({dir!r}, os.O_RDONLY)\nos.close(os.open('created.txt', os.O_CREAT | os.O_WRONLY, dir_fd=fd))",
+    "import os\nfd = os.open({dir!r}, os.O_RDONLY)\nos.remove('run.jsonl', dir_fd=fd)",
+    "import os\nos.mkdir('a')\nfd = os.open('a', os.O_RDONLY)\nos.remove({rel!r}, dir_fd=fd)",
+    "import os\nos.mknod({dir!r} + '/node')",
+    "import os\nos.mkfifo({dir!r} + '/fifo')",
+    "import posix\nposix.mkfifo({dir!r} + '/fifo')",
+])
+def test_directory_descriptors_and_unaudited_calls_change_nothing_outside(harness_dir, template):
+    records = harness_dir / "records"
+    climb = "../" * 16 + str(records / "run.jsonl").lstrip("/")  # from a directory inside the sandbox's
+    result = run_against(harness_dir, template.format(dir=str(records), rel=climb))
+    assert result.status == "failed" and not result.proof
+    assert sorted(p.name for p in records.iterdir()) == ["run.jsonl"]
+
+
+def test_reading_through_a_directory_descriptor_is_refused(harness_dir):
+    source = (f"import os\nfd = os.open({str(harness_dir)!r}, os.O_RDONLY)\n"
+              "print(os.read(os.open('notes.txt', os.O_RDONLY, dir_fd=fd), 100))")
+    result = run_against(harness_dir, source)
+    assert result.status == "failed" and "keep me" not in result.stdout
+
+
+def test_records_outside_the_working_directory_are_not_readable(tmp_path, monkeypatch):
+    records = tmp_path / "elsewhere" / "records"
+    records.mkdir(parents=True)
+    (records / "run.jsonl").write_text('{"secret": "answer"}\n')
+    monkeypatch.setattr(sandbox, "PROTECTED_PATHS", set())
+    sandbox.protect_path(records)  # what the runner does with runner.records_dir
+    for source in (f"print(open({str(records / 'run.jsonl')!r}).read())", f"import os\nprint(os.listdir({str(records)!r}))"):
+        result = run_program(source, FAST)
+        assert result.status == "failed" and "answer" not in result.stdout and "run.jsonl" not in result.stdout
+
+
+def test_an_unrelated_process_cannot_be_signalled(harness_dir):
+    victim = subprocess.Popen(["sleep", "30"])
+    try:
+        for source in (f"import os, signal\nsignal.pidfd_send_signal(os.pidfd_open({victim.pid}), signal.SIGKILL)",
+                       f"import os\nos.kill({victim.pid}, 9)"):
+            result = run_against(harness_dir, source)
+            assert result.status == "failed" and not result.proof
+        assert victim.poll() is None, "the sandboxed program killed a process outside it"
+    finally:
+        victim.kill()
+        victim.wait()
+
+
+def test_operating_system_layers_are_recorded_where_the_kernel_allows_them(harness_dir):
+    result = run_against(harness_dir, "import os\nprint(os.getpid())\nopen('/etc/specbench-probe', 'a')")
+    layers = set(result.isolation)
+    if "pid-namespace" in layers:  # this machine allows namespaces: each claimed layer must hold
+        assert result.stdout.split()[0] == "1"
+    if "read-only-filesystem" in layers:
+        assert "Read-only file system" in result.reason or "blocked by the sandbox" in result.reason
+    assert not Path("/etc/specbench-probe").exists()

@@ -105,7 +105,7 @@ def test_humaneval_completion_is_cut_at_stop_and_chat_code_block_is_used():
     assert score([chat], example)["pass"] == 1.0
     assert truncate_at_stop("a\nprint(1)\n#x", ("\n#", "\nprint")) == "a"
     program = humaneval_program("def f():\n", "    return 1\n", "def check(c):\n    assert c() == 1", "f")
-    assert program.endswith("check(f)\n")
+    assert [name for name, _ in program] == ["solution", "tests"] and program[1][1].endswith("check(f)\n")
 
 
 def test_mbpp_pass_on_a_hand_written_row():
@@ -116,7 +116,8 @@ def test_mbpp_pass_on_a_hand_written_row():
     assert score(["def add(a, b):\n    return a + b\n\nassert add(0, 0) == 1"], example)["pass"] == 1.0  # cut at \nassert
     assert score(["```python\ndef add(a, b):\n    return a + b\n```"], example)["pass"] == 1.0
     assert score(["def add(a, b):\n    return a - b\n"], example)["pass"] == 0.0
-    assert "assert add(-1, 1) == 0" in mbpp_program("def add(a, b): return a + b", row["test_list"])
+    solution, tests = mbpp_program("def add(a, b): return a + b", row["test_list"])
+    assert "assert add(-1, 1) == 0" in tests[1] and "def add" in solution[1]
 
 
 def test_scorer_failure_is_recorded_not_raised():

@@ -35,24 +35,25 @@ def truncate_at_stop(text: str, stop: tuple[str, ...] | list[str]) -> str:
 
 
 def humaneval_program(prompt: str, completion: str, test: str, entry_point: str,
-                      stop: tuple[str, ...] | list[str] = HUMANEVAL_STOP) -> str:
+                      stop: tuple[str, ...] | list[str] = HUMANEVAL_STOP) -> list[tuple[str, str]]:
+    """Two stages, compiled apart: the solution (prompt + completion) and the dataset's tests."""
     code = fenced_code(completion, entry_point)
     body = truncate_at_stop(completion, stop) if code is None else "\n" + code
-    return f"{prompt}{body}\n\n{test}\n\ncheck({entry_point})\n"
+    return [("solution", f"{prompt}{body}\n"), ("tests", f"{test}\n\ncheck({entry_point})\n")]
 
 
 def mbpp_program(completion: str, tests: list[str], setup: str = "", imports: list[str] | None = None,
-                 stop: tuple[str, ...] | list[str] = MBPP_STOP) -> str:
+                 stop: tuple[str, ...] | list[str] = MBPP_STOP) -> list[tuple[str, str]]:
     code = fenced_code(completion)
     code = truncate_at_stop(completion, stop) if code is None else code
     header = "\n".join([*(imports or []), setup or ""]).strip()
-    return f"{header}\n{code}\n\n" + "\n".join(tests) + "\n"
+    return [("solution", f"{header}\n{code}\n"), ("tests", "\n".join([*(imports or []), *tests]) + "\n")]
 
 
-def _execute(program: str, timeout_s: float, memory_mb: int, isolate_network: bool) -> dict:
+def _execute(program: list[tuple[str, str]], timeout_s: float, memory_mb: int, isolate_network: bool) -> dict:
     result = run_program(program, SandboxLimits(timeout_s=timeout_s, memory_mb=memory_mb, isolate_network=isolate_network))
     return {"pass": float(result.passed), "status": result.status, "reason": result.reason,
-            "isolation": result.isolation}
+            "isolation": result.isolation, "proof": result.proof}
 
 
 def _require(row: dict, fields: tuple[str, ...], example_id: str) -> None:

@@ -1,25 +1,32 @@
 """Run model-written Python in a separate, limited process. Executing that code is a security boundary.
 
-Layers (each recorded in the result's ``isolation``):
+Layers (each recorded in the result's ``isolation``; the README says what each stops):
+- operating system (``sandbox_isolation.py``, where the kernel allows): new PID, mount and network
+  namespaces; every mount read-only except the sandbox directory; the harness's directories hidden
+  under empty tmpfs mounts; as root, user nobody;
 - a new process in its own session/process group; on timeout, and after every run, the whole group
   is killed; a wall-clock timeout bounds every run;
 - resource limits: address space, CPU seconds, file size, open files, processes, no core dumps;
 - a fresh temporary directory as working directory, HOME and TMPDIR, deleted afterwards; stdin empty;
   an environment holding nothing of the harness's (``python -I -S``: no site-packages, no PYTHON*
   variables, the base interpreter's standard library only);
-- a network namespace with no interfaces where the kernel allows unshare(2);
-- a Python audit hook (``sandbox_guard.py``) refusing process creation, signals, sockets, ctypes, file
-  changes outside the temporary directory, and reads of the harness's directories.
+- a Python audit hook (``sandbox_guard.py``) refusing process creation, signals, sockets, ctypes, frame
+  introspection, file changes outside the temporary directory and reads of the harness's directories.
 
-What it is not: a defence against code written to escape on purpose (the audit hook lives in the same
-interpreter as the program). Benchmarks that execute untrusted code at scale belong in a container or VM
-as a whole; this boundary keeps ordinary model mistakes (loops, forks, huge allocations, deleting or
-overwriting files, network calls) from harming the harness or its records.
+A pass needs proof that the last stage (the tests) ran to its end: a random token the harness sends the
+child through a pipe, which the guard writes back only after the tests returned. Exit status 0 — from
+``sys.exit(0)``, ``os._exit(0)`` or an ``atexit`` handler — is not a pass.
+
+What it is not: a defence against a program that makes its own answer look right (an object whose
+``__eq__`` always says True, a patched ``math.isclose``); the tests decide, and they can be fooled the way
+the reference harnesses can. Benchmarks that execute untrusted code at scale belong in a container or VM
+as a whole.
 """
 from __future__ import annotations
 
 import json
 import os
+import secrets
 import shutil
 import signal
 import subprocess
@@ -30,7 +37,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-GUARD_SOURCE = (Path(__file__).with_name("sandbox_guard.py")).read_text(encoding="utf-8")
+GUARD_SOURCE = "\n".join(Path(__file__).with_name(name).read_text(encoding="utf-8")
+                         for name in ("sandbox_isolation.py", "sandbox_guard.py"))
+PROTECTED_PATHS: set[Path] = set()  # records directories of this process (protect_path)
 TAIL_BYTES = 2000
 
 
@@ -58,16 +67,23 @@ class ExecutionResult:
     stdout: str = ""
     stderr: str = ""
     isolation: list[str] = field(default_factory=list)
+    proof: bool = False  # the tests ran to their end (the guard returned the harness's token)
 
     @property
     def passed(self) -> bool:
         return self.status == "passed"
 
 
+def protect_path(path: str | Path) -> None:
+    """Add a directory (a records directory outside the project, say) that sandboxed programs may not read."""
+    PROTECTED_PATHS.add(Path(path).expanduser().resolve())
+
+
 def harness_paths(extra: tuple[Path, ...] = ()) -> list[str]:
     """Directories the program may not read: the project, the harness's cwd and home, the records."""
     project = Path(__file__).resolve().parents[2]
-    paths = {project, Path.cwd().resolve(), Path.home().resolve(), Path(sys.prefix).resolve(), *extra}
+    paths = {project, Path.cwd().resolve(), Path.home().resolve(), Path(sys.prefix).resolve(), *PROTECTED_PATHS,
+             *extra}
     return sorted(str(p) for p in paths if p != Path(p.anchor))  # never deny the whole filesystem
 
 
@@ -99,28 +115,42 @@ def _reason(returncode: int, stderr: str, limits: SandboxLimits) -> str:
     return lines[-1][:500] if lines else f"exit status {returncode}"
 
 
-def run_program(source: str, limits: SandboxLimits = SandboxLimits(), deny_read: tuple[Path, ...] = ()) -> ExecutionResult:
-    """Execute ``source`` as a Python program under the sandbox; passed means exit status 0."""
+def run_program(program: str | list[tuple[str, str]], limits: SandboxLimits = SandboxLimits(),
+                deny_read: tuple[Path, ...] = ()) -> ExecutionResult:
+    """Execute ``program`` under the sandbox: one source, or named stages run in order in one namespace
+    (each compiled on its own, so a stage cannot swallow the next one into a string or a bracket). Passed
+    means the last stage returned — proven by a token only the guard holds — not an exit status."""
+    stages = [("program", program)] if isinstance(program, str) else list(program)
     workdir = Path(tempfile.mkdtemp(prefix="specbench-sandbox-"))
     report_r, report_w = os.pipe()
+    proof_r, proof_w = os.pipe()
+    token = secrets.token_hex(16).encode()
     try:
-        program = workdir / "program.py"
-        program.write_text(source, encoding="utf-8")
+        paths = []
+        for i, (name, source) in enumerate(stages):
+            path = workdir / (f"{name}.py" if len(stages) > 1 else "program.py")
+            path.write_text(source, encoding="utf-8")
+            paths.append([name, str(path)])
+        os.write(proof_w, token)
+        os.close(proof_w)
+        proof_w = None
         policy = {
-            "workdir": str(workdir), "program": str(program), "report_fd": report_w,
+            "workdir": str(workdir), "stages": paths, "report_fd": report_w, "proof_fd": proof_r,
             "memory_bytes": limits.memory_mb << 20, "cpu_seconds": int(limits.timeout_s) + 1,
             "file_bytes": limits.file_mb << 20, "open_files": limits.open_files, "processes": limits.processes,
             "isolate_network": limits.isolate_network,
-            "deny_read": harness_paths(tuple(Path(p).resolve() for p in deny_read)), "allow_read": stdlib_paths() + [str(workdir)],
+            "deny_read": harness_paths(tuple(Path(p).resolve() for p in deny_read)),
+            "allow_read": stdlib_paths() + [str(workdir)],
         }
         env = {"PATH": "/usr/bin:/bin", "HOME": str(workdir), "TMPDIR": str(workdir), "LANG": "C.UTF-8"}
         with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
             start = time.perf_counter()
             proc = subprocess.Popen([_interpreter(), "-I", "-S", "-c", GUARD_SOURCE, json.dumps(policy)],
                                     cwd=workdir, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
-                                    start_new_session=True, pass_fds=(report_w,), close_fds=True)
-            os.close(report_w)
-            report_w = None
+                                    start_new_session=True, pass_fds=(report_w, proof_r), close_fds=True)
+            for fd in (report_w, proof_r):
+                os.close(fd)
+            report_w = proof_r = None
             timed_out = False
             try:
                 returncode = proc.wait(timeout=limits.timeout_s)
@@ -129,20 +159,23 @@ def run_program(source: str, limits: SandboxLimits = SandboxLimits(), deny_read:
             _kill_group(proc)
             returncode = proc.wait()
             seconds = time.perf_counter() - start
-            isolation = _read_report(report_r)
+            isolation, proof = _read_report(report_r, token)
             stdout, stderr = _tail(out), _tail(err)
         if timed_out:
             status, reason = "timeout", f"timed out after {limits.timeout_s:g} s (wall clock); process group killed"
-        elif returncode == 0:
+        elif proof:
             status, reason = "passed", None
+        elif returncode == 0:
+            status, reason = "failed", (f"exit status 0 before the {stages[-1][0]} ran to their end "
+                                        "(sys.exit, os._exit or an atexit handler): not a pass")
         else:
             status, reason = "failed", _reason(returncode, stderr, limits)
         return ExecutionResult(status, reason, None if timed_out else returncode, seconds, stdout, stderr,
-                               ["process-group", "temp-dir", "clean-env"] + isolation)
+                               ["process-group", "temp-dir", "clean-env"] + isolation, proof=proof)
     finally:
-        if report_w is not None:
-            os.close(report_w)
-        os.close(report_r)
+        for fd in (report_w, proof_r, proof_w, report_r):
+            if fd is not None:
+                os.close(fd)
         shutil.rmtree(workdir, ignore_errors=True)
 
 
@@ -153,7 +186,8 @@ def _kill_group(proc: subprocess.Popen) -> None:
         pass
 
 
-def _read_report(fd: int) -> list[str]:
+def _read_report(fd: int, token: bytes) -> tuple[list[str], bool]:
+    """The guard's report: a JSON list of active layers, then ``proof <token>`` once the tests returned."""
     chunks = []
     os.set_blocking(fd, False)
     try:
@@ -161,7 +195,10 @@ def _read_report(fd: int) -> list[str]:
             chunks.append(chunk)
     except BlockingIOError:
         pass
+    lines = b"".join(chunks).splitlines()
+    proof = any(secrets.compare_digest(line, b"proof " + token) for line in lines[1:])
     try:
-        return list(json.loads(b"".join(chunks).decode() or "[]"))
+        layers = json.loads(lines[0].decode()) if lines else []
     except ValueError:
-        return []
+        layers = []
+    return [str(x) for x in layers] if isinstance(layers, list) else [], proof

@@ -1,13 +1,20 @@
-"""The first code that runs in a sandboxed child process, before the model-written program.
+"""The code that runs in a sandboxed child before the model-written program; never imported by the harness.
 
-This file is never imported by the harness: its source is passed to ``python -I -S -c`` (so the child
-never reads the harness's files), with one JSON argument holding the policy. In order it
-1. sets resource limits (address space, CPU seconds, file size, open files, processes, no core dumps);
-2. moves into a fresh network namespace when the kernel allows (no interfaces: no network at all);
-3. installs a Python audit hook (PEP 578; hooks cannot be removed) that refuses process creation,
-   signals, sockets, ctypes and any file change outside the sandbox directory, and reads of the
-   harness's directories;
-4. reports which layers are active on a pipe, closes it, and runs the program as ``__main__``.
+Its source follows ``sandbox_isolation.py``'s in one ``python -I -S -c`` argument (so the child never
+reads the harness's files), with one JSON argument holding the policy. In order it
+1. reads the run's proof token from a pipe and closes it (the token is never in argv, the environment or
+   a file, and lives only in a local variable of ``main``);
+2. sets up operating-system isolation (``isolate_process``) and resource limits;
+3. compiles every stage (the solution, then its tests) before any of them runs, and keeps its own
+   references to what it needs afterwards (``exec``, ``os.write``, ``os._exit``), so a program that
+   replaces builtins or module functions cannot skip the tests;
+4. installs a Python audit hook (PEP 578; hooks cannot be removed) that refuses process creation,
+   signals, sockets, native code, frame and garbage-collector introspection (the ways to reach the
+   token), file changes outside the sandbox directory (also through a directory descriptor) and reads of
+   the harness's directories, and removes the calls that raise no audit event (mknod, mkfifo, pidfd);
+5. runs the stages in order in one namespace (the tests with the builtins as they were before the
+   solution ran), and only when the last one returned writes the token to the report pipe and exits.
+A pass is that token; an exit status (0 from ``sys.exit``, ``os._exit``, an ``atexit`` handler) proves nothing.
 """
 import json
 import os
@@ -19,11 +26,10 @@ POLICY = json.loads(sys.argv[1])
 WORKDIR = os.path.realpath(POLICY["workdir"])
 DENY_READ = tuple(os.path.realpath(p) for p in POLICY["deny_read"])
 ALLOW_READ = tuple(os.path.realpath(p) for p in POLICY["allow_read"])
-OWN_PROC = ("/proc/self", f"/proc/{os.getpid()}", "/proc/thread-self")
-active = []
+SECRET_PROC = ("mem", "map_files", "pagemap", "environ", "syscall", "stack")  # of /proc/self as well
 
 
-def set_limits():
+def set_limits(active):
     limits = [
         (resource.RLIMIT_AS, POLICY["memory_bytes"]),
         (resource.RLIMIT_CPU, POLICY["cpu_seconds"]),
@@ -37,47 +43,49 @@ def set_limits():
     active.append("rlimits")
 
 
-def isolate_network():
-    """unshare(CLONE_NEWNET) as root, or with CLONE_NEWUSER otherwise; skipped where forbidden."""
-    import ctypes
-
-    clone_newnet, clone_newuser = 0x40000000, 0x10000000
-    libc = ctypes.CDLL(None, use_errno=True)
-    flags = clone_newnet if os.geteuid() == 0 else clone_newnet | clone_newuser
-    if libc.unshare(flags) == 0:
-        active.append("network-namespace")
-    for name in [m for m in sys.modules if m == "ctypes" or m.startswith(("ctypes.", "_ctypes"))]:
-        del sys.modules[name]  # a later `import ctypes` goes through the audit hook again
-
-
 def under(path, roots):
     return any(path == r or path.startswith(r.rstrip("/") + "/") for r in roots)
 
 
-def resolve(path):
+def resolve(path, dir_fd=None):
+    """The absolute path a call acts on; None for a bare file descriptor (those came from an audited open)."""
     if isinstance(path, int):
         return None
-    return os.path.realpath(os.path.join(os.getcwd(), os.fsdecode(path)))
+    base = os.getcwd() if dir_fd is None else os.readlink(f"/proc/self/fd/{dir_fd}")
+    return os.path.realpath(os.path.join(base, os.fsdecode(path)))
 
 
-# Events that start processes, signal them, open sockets or load native code: always refused.
+# Events that start processes, signal them, open sockets, load native code or reach frames (and with
+# them the proof token): always refused.
 REFUSED = {
     "os.fork", "os.forkpty", "os.posix_spawn", "os.spawn", "os.exec", "os.system", "subprocess.Popen",
-    "os.kill", "os.killpg", "socket.__new__", "socket.connect", "socket.bind", "socket.getaddrinfo",
-    "socket.gethostbyname", "socket.sendto", "socket.sendmsg", "ctypes.dlopen", "ctypes.dlsym",
-    "os.setuid", "os.setgid", "sys.remote_exec", "webbrowser.open",
+    "os.kill", "os.killpg", "signal.pthread_kill", "socket.__new__", "socket.connect", "socket.bind",
+    "socket.getaddrinfo", "socket.gethostbyname", "socket.sendto", "socket.sendmsg", "ctypes.dlopen",
+    "ctypes.dlsym", "os.setuid", "os.setgid", "sys.remote_exec", "webbrowser.open", "sys._getframe",
+    "sys._current_frames", "sys._current_exceptions", "sys.settrace", "sys.setprofile", "gc.get_objects",
+    "gc.get_referrers", "gc.get_referents",
 }
-REFUSED_IMPORTS = {"ctypes", "_ctypes", "cffi", "_posixsubprocess", "multiprocessing", "_multiprocessing"}
-# Events whose path arguments (by position) must stay inside the sandbox directory.
+FRAME_ATTRIBUTES = {"tb_frame", "gi_frame", "cr_frame", "ag_frame", "f_code", "f_back", "f_locals"}
+REFUSED_IMPORTS = {"ctypes", "_ctypes", "cffi", "_posixsubprocess", "multiprocessing", "_multiprocessing",
+                   "posix", "os", "signal", "_signal", "sys", "builtins", "_thread"}  # the last: fresh copies
+# Calls that change files but raise no audit event, or signal without one: removed before the program runs.
+UNAUDITED = {"os": ("mknod", "mkfifo", "pidfd_open", "chroot"), "signal": ("pidfd_send_signal",)}
+# Events whose path arguments must stay inside the sandbox directory: (path position, its dir_fd position).
 CHANGES = {
-    "os.remove": (0,), "os.rmdir": (0,), "os.rename": (0, 1), "os.replace": (0, 1), "os.link": (0, 1),
-    "os.symlink": (0, 1), "os.mkdir": (0,), "os.chmod": (0,), "os.lchmod": (0,), "os.chown": (0,),
-    "os.lchown": (0,), "os.chflags": (0,), "os.lchflags": (0,), "os.truncate": (0,), "os.utime": (0,),
-    "os.setxattr": (0,), "os.removexattr": (0,), "shutil.rmtree": (0,), "shutil.copyfile": (1,),
-    "shutil.copytree": (1,), "shutil.move": (0, 1), "shutil.chown": (0,), "os.chdir": (0,),
+    "os.remove": ((0, 1),), "os.rmdir": ((0, 1),), "os.rename": ((0, 2), (1, 3)), "os.replace": ((0, 2), (1, 3)),
+    "os.link": ((0, 2), (1, 3)), "os.symlink": ((0, None), (1, 2)), "os.mkdir": ((0, 2),), "os.chmod": ((0, 2),),
+    "os.lchmod": ((0, None),), "os.chown": ((0, 3),), "os.lchown": ((0, None),), "os.chflags": ((0, None),),
+    "os.lchflags": ((0, None),), "os.truncate": ((0, None),), "os.utime": ((0, 3),),
+    "os.setxattr": ((0, None),), "os.removexattr": ((0, None),), "shutil.rmtree": ((0, 2),),
+    "shutil.copyfile": ((1, None),), "shutil.copytree": ((1, None),), "shutil.move": ((0, None), (1, None)),
+    "shutil.chown": ((0, None),), "os.chdir": ((0, None),),
 }
 READS = {"os.listdir": 0, "os.scandir": 0, "glob.glob": 0, "os.walk": 0}
 WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
+# Standard-library modules that look at their caller's frame while being imported: imported first.
+PRELOAD = ("typing", "collections", "dataclasses", "enum", "functools", "re", "math", "itertools", "string",
+           "heapq", "bisect", "fractions", "decimal", "statistics", "random", "hashlib", "copy", "operator",
+           "json", "datetime", "io", "abc", "contextlib", "numbers", "array", "struct", "textwrap")
 
 
 def refuse(what):
@@ -85,57 +93,139 @@ def refuse(what):
 
 
 def make_audit_hook(workdir, deny_read, allow_read, own_proc):
-    """The policy as a closure (not module globals the program could reach through ``__main__``)."""
+    """The policy as a closure: every name the hook uses is bound here, so nothing the program rebinds
+    later (this module's globals, were it to reach them) changes it. The event-name checks — process
+    creation, signals, sockets, native code, frames — depend on nothing else; the path checks call
+    ``os.path`` functions the program could replace, which is why the read-only mounts exist."""
+    refuse, under, resolve, isdir = globals()["refuse"], globals()["under"], globals()["resolve"], os.path.isdir
+    refused, frame_attributes, refused_imports = frozenset(REFUSED), frozenset(FRAME_ATTRIBUTES), frozenset(REFUSED_IMPORTS)
+    changes, reads, secret_proc, write_flags = dict(CHANGES), dict(READS), frozenset(SECRET_PROC), WRITE_FLAGS
 
     def check_read(event, path):
         if path is None or under(path, allow_read):
             return
-        if under(path, deny_read) or (path.startswith("/proc/") and not under(path, own_proc)):
+        if under(path, deny_read) or path.startswith("/proc/") and (
+                not under(path, own_proc) or any(part in secret_proc for part in path.split("/"))):
             refuse(f"{event} of a harness path {path}")
 
     def audit(event, args):
-        if event in REFUSED:
+        if event in refused:
             refuse(event)
-        if event == "import" and args[0].split(".")[0] in REFUSED_IMPORTS:
+        if event == "object.__getattr__" and args[1] in frame_attributes:
+            refuse(f"reading {args[1]}")
+        if event == "import" and args[0].split(".")[0] in refused_imports:
             refuse(f"import {args[0]}")
-        if event in CHANGES:
-            for i in CHANGES[event]:
+        if event in changes:
+            for i, fd_at in changes[event]:
                 if i < len(args):
-                    path = resolve(args[i])
+                    dir_fd = args[fd_at] if fd_at is not None and fd_at < len(args) else None
+                    path = resolve(args[i], dir_fd if isinstance(dir_fd, int) and dir_fd >= 0 else None)
                     if path is None or not under(path, (workdir,)):
                         refuse(f"{event} outside the sandbox directory ({args[i]!r})")
         elif event == "open":
             path, mode, flags = (list(args) + [None, None])[:3]
             path = resolve(path)
-            writes = (mode and any(c in mode for c in "wax+")) or (isinstance(flags, int) and flags & WRITE_FLAGS)
-            if writes and path is not None and not under(path, (workdir,)):
-                refuse(f"writing outside the sandbox directory ({args[0]!r})")
+            writes = (mode and any(c in mode for c in "wax+")) or (isinstance(flags, int) and flags & write_flags)
+            if path is not None and not under(path, (workdir,)):
+                if writes:
+                    refuse(f"writing outside the sandbox directory ({args[0]!r})")
+                if isdir(path):  # a directory descriptor would let dir_fd calls act outside unseen
+                    refuse(f"opening a directory outside the sandbox directory ({args[0]!r})")
             check_read("open", path)
-        elif event in READS and args:
-            check_read(event, resolve(args[READS[event]] if args[READS[event]] is not None else "."))
+        elif event in reads and args:
+            check_read(event, resolve(args[reads[event]] if args[reads[event]] is not None else "."))
 
     return audit
 
 
-def main():
-    set_limits()
-    if POLICY["isolate_network"]:
-        try:
-            isolate_network()
-        except OSError:
-            pass
-    sys.addaudithook(make_audit_hook(WORKDIR, DENY_READ, ALLOW_READ, OWN_PROC))
-    active.append("audit-hook")
-    with os.fdopen(POLICY["report_fd"], "w") as report:
-        report.write(json.dumps(active))
-    program = POLICY["program"]
-    with open(program, encoding="utf-8") as fh:
-        source = fh.read()
-    module = types.ModuleType("__main__")  # the program's own __main__, not this guard's
-    module.__file__ = program
-    sys.modules["__main__"] = module
-    sys.argv[:] = [program]
-    exec(compile(source, program, "exec"), module.__dict__)
+def disarm_modules():
+    import collections
+    import signal
+    import typing
 
+    for name in PRELOAD:
+        __import__(name)
+    for module, names in UNAUDITED.items():
+        for name in names:
+            for holder in (sys.modules[module], sys.modules.get("posix"), sys.modules.get("_signal")):
+                if holder is not None and hasattr(holder, name):
+                    delattr(holder, name)
+
+    # The replacements are made in a namespace of their own: a function defined in this file would hand
+    # the program this module's globals through its __globals__.
+    replacements = {"namedtuple": collections.namedtuple}
+    exec("def no_handlers(*_):\n"  # a handler receives the interrupted frame
+         "    raise PermissionError('blocked by the sandbox: signal.signal')\n"
+         "def caller(depth=1, default='__main__'):\n"  # typing's would read its caller's frame
+         "    return default\n"
+         "def make_namedtuple(*args, module='__main__', _original=namedtuple, **kwargs):\n"
+         "    return _original(*args, module=module, **kwargs)\n", replacements)
+    signal.signal = sys.modules["_signal"].signal = replacements["no_handlers"]
+    typing._caller = replacements["caller"]
+    collections.namedtuple = replacements["make_namedtuple"]
+
+def read_stages():
+    stages = []
+    for name, path in POLICY["stages"]:
+        with open(path, encoding="utf-8") as fh:
+            stages.append((name, compile(fh.read(), path, "exec")))
+    return stages
+
+
+def describe(stage, exc):
+    """One line for the harness (the traceback module needs frames, which are refused from here on)."""
+    tb = exc.__traceback__
+    tb = tb.tb_next if tb is not None else None  # the first entry is this guard's exec
+    line = tb.tb_lineno if tb is not None else None  # the stage's own line that raised
+    try:
+        message = str(exc)
+    except BaseException:  # noqa: BLE001 - the program's own __str__
+        message = "?"
+    return f"{type(exc).__name__}: {message} ({stage}, line {line})"
+
+
+def main():
+    with os.fdopen(POLICY["proof_fd"], "rb") as fh:
+        token = fh.read()
+    active = []
+    isolate_process(POLICY, active)
+    set_limits(active)
+    stages = read_stages()
+    run, write, exit_now, err, explain, flush_streams = exec, os.write, os._exit, sys.stderr, describe, flush
+    pristine_builtins = dict(vars(__builtins__) if isinstance(__builtins__, types.ModuleType) else __builtins__)
+    disarm_modules()
+    own_proc = ("/proc/self", "/proc/thread-self", f"/proc/{os.getpid()}")  # the pid in its own namespace
+    sys.addaudithook(make_audit_hook(WORKDIR, DENY_READ, ALLOW_READ, own_proc))
+    active.append("audit-hook")
+    report_fd = POLICY["report_fd"]
+    write(report_fd, (json.dumps(active) + "\n").encode())
+    module = types.ModuleType("__main__")  # the program's own __main__, not this guard's
+    module.__file__ = POLICY["stages"][0][1]
+    sys.modules["__main__"] = module
+    namespace = module.__dict__
+    sys.argv[:] = [POLICY["stages"][0][1]]
+    for i, (stage, code) in enumerate(stages):
+        if i:
+            namespace["__builtins__"] = dict(pristine_builtins)
+        try:
+            run(code, namespace)
+        except BaseException as exc:  # noqa: BLE001 - SystemExit included: tests that did not finish failed
+            try:
+                flush_streams()
+                err.write(explain(stage, exc) + "\n")
+                err.flush()
+            finally:
+                exit_now(1)
+    flush_streams()
+    write(report_fd, b"proof " + token + b"\n")
+    exit_now(0)
+
+
+def flush():
+    for stream in (sys.__stdout__, sys.__stderr__):
+        try:
+            stream.flush()
+        except BaseException:  # noqa: BLE001 - whatever the program left there
+            pass
 
 main()
