@@ -90,8 +90,8 @@ def check_resolution(specs: list[RunSpec], examples, precision, threads: int) ->
     for spec in specs:
         for record in spec.records_for(examples):
             env = record.get("env") or {}
-            then = ((env.get("precision") or {}).get("dtype", record.get("dtype")),
-                    (env.get("precision") or {}).get("linear_kernel"), env.get("threads"))
+            measured = env.get("precision") or {}
+            then = (measured.get("dtype", record.get("dtype")), measured.get("linear_kernel"), env.get("threads"))
             if then != now:
                 raise ConfigError(
                     f"runner.records_dir: {spec.store.path} holds records of this run measured as "

@@ -54,11 +54,6 @@ class NoiseProfile:
         return TOLERANCE_FACTOR * self.max_abs_diff
 
 
-def _rows_by_steps(lm: CachedLM, prompt: list[int], tokens: list[int]) -> torch.Tensor:
-    lm.forward(prompt, keep_last=1)
-    return torch.stack([lm.forward([t])[-1] for t in tokens])
-
-
 def _rows_by_blocks(lm: CachedLM, prompt: list[int], tokens: list[int], k: int, tree: bool) -> torch.Tensor:
     lm.forward(prompt, keep_last=1)
     rows = []
@@ -69,14 +64,17 @@ def _rows_by_blocks(lm: CachedLM, prompt: list[int], tokens: list[int], k: int, 
     return torch.cat(rows)
 
 
-def greedy_tokens(model, prompt: list[int], n: int) -> list[int]:
+def greedy_steps(model, prompt: list[int], n: int) -> tuple[list[int], torch.Tensor]:
+    """Greedy's next ``n`` tokens after ``prompt``, fed one at a time, and the logits each one-token step
+    returned ([n, vocab]: row i follows token i, as a block forward's row i does)."""
     lm = CachedLM(model)
     logits = lm.forward(prompt, keep_last=1)[-1]
-    out = []
+    tokens, rows = [], []
     for _ in range(n):
-        out.append(int(logits.argmax()))
-        logits = lm.forward([out[-1]])[-1]
-    return out
+        tokens.append(int(logits.argmax()))
+        logits = lm.forward([tokens[-1]])[-1]
+        rows.append(logits)
+    return tokens, torch.stack(rows)
 
 
 def measure_noise(model, prompts: list[list[int]], positions: int = 32, blocks=(2, 4, 8, 16, 32)) -> NoiseProfile:
@@ -84,8 +82,7 @@ def measure_noise(model, prompts: list[list[int]], positions: int = 32, blocks=(
     δ = the largest absolute logit difference between the paths, over all positions and vocabulary entries."""
     per_block: dict[str, float] = {}
     for prompt in prompts:
-        tokens = greedy_tokens(model, prompt, positions)
-        steps = _rows_by_steps(CachedLM(model), prompt, tokens)
+        tokens, steps = greedy_steps(model, prompt, positions)
         for k in blocks:
             for tree in (False, True):
                 rows = _rows_by_blocks(CachedLM(model), prompt, tokens, k, tree)

@@ -226,12 +226,14 @@ def compare(records, baseline, exact: bool = True) -> dict:
     partners = partners_of(records, baseline)
     lossless = losslessness(records, baseline, partners) if exact else {
         "identical": None, "compared": 0, "first_divergence": {}}
-    paired = [(r, partners[round_of(r)]) for r in records if round_of(r) in partners and rate([r]) and rate([partners[round_of(r)]])]
+    paired = [(r, partners[round_of(r)]) for r in records if round_of(r) in partners]
+    paired = [(r, b) for r, b in paired if rate([r]) and rate([b])]
     if paired:
         by_prompt_ratio, by_repeat_ratio = defaultdict(list), defaultdict(list)
         for r, b in paired:
-            by_prompt_ratio[r["prompt_id"]].append(rate([r]) / rate([b]))
-            by_repeat_ratio[r["repeat"]].append(rate([r]) / rate([b]))
+            ratio = rate([r]) / rate([b])
+            by_prompt_ratio[r["prompt_id"]].append(ratio)
+            by_repeat_ratio[r["repeat"]].append(ratio)
         ours, theirs = [r for r, _ in paired], [b for _, b in paired]
         speedup = statistics.fmean(statistics.fmean(v) for v in by_prompt_ratio.values())
         return {

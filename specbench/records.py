@@ -15,7 +15,7 @@ import sys
 from contextlib import contextmanager
 from pathlib import Path
 
-SCHEMA_VERSION = 2  # 2: resolved precision and threads in the run key; pairing rounds; losslessness verdicts
+SCHEMA_VERSION = 2  # 2: pairing mode in the run key, resolved precision and threads in every record; pairing rounds; losslessness verdicts
 
 
 def run_key(identity: dict) -> str:

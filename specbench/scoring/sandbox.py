@@ -127,7 +127,7 @@ def run_program(program: str | list[tuple[str, str]], limits: SandboxLimits = Sa
     token = secrets.token_hex(16).encode()
     try:
         paths = []
-        for i, (name, source) in enumerate(stages):
+        for name, source in stages:
             path = workdir / (f"{name}.py" if len(stages) > 1 else "program.py")
             path.write_text(source, encoding="utf-8")
             paths.append([name, str(path)])
