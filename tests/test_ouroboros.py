@@ -64,7 +64,7 @@ def test_cache_after_synthetic_verification_keeps_draft_prefix_and_best_suffix()
     ex = {key: [] for key in ("sentence_draft_len", "draft_accepted", "suffix_won", "suffix_accepted", "pool_size")}
     ex.update(inspirations=0, refinements=0, suffix_tokens=0)
     target = CachedLM(pair.target)
-    emitted, fed = method._verify(target, list(prompt), d, ex)
+    emitted, fed = method._verify(target, list(prompt), d, 100, ex)
     assert emitted == greedy[:7] and fed == 6
     assert ex["draft_accepted"] == [3] and ex["suffix_accepted"] == [3] and ex["suffix_won"] == [0]
     assert ex["refinements"] == 1  # the wrong suffix is replaced by the target's outputs along it

@@ -57,7 +57,7 @@ def test_every_policy_emits_greedy_tokens(case, policy):
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(case=cases, sl_max=st.integers(1, 12))
-def test_oracle_drafts_no_rejected_token_but_the_one_ending_its_draft(case, sl_max):
+def test_oracle_drafts_exactly_the_tokens_the_target_accepts(case, sl_max):
     from specbench.methods.sl_policies import OracleSL
 
     pair = pair_for(case["arch"], case["noise"])
@@ -67,8 +67,14 @@ def test_oracle_drafts_no_rejected_token_but_the_one_ending_its_draft(case, sl_m
     method.prepare(case["prompt"], case["max_new_tokens"], eos)  # untimed in the runner
     gen = method.generate(case["prompt"], case["max_new_tokens"], eos)
     assert gen.tokens == ref.tokens
-    for drafted, emitted in zip(gen.extra["sl"], gen.accept_lengths):
-        assert drafted - (emitted - 1) in (0, 1), (gen.extra["sl"], gen.accept_lengths)
+    assert gen.drafted == gen.accepted  # never a rejected token: no draft forward spent on one
+    sl, steps = gen.extra["sl"], gen.accept_lengths
+    assert [d for d in sl[:-1]] == [n - 1 for n in steps[:-1]], (sl, steps)
+    if gen.tokens[-1] in eos:  # the last step: its EOS is a draft token (no bonus kept after it) or the bonus
+        assert sl[-1] in (steps[-1] - 1, steps[-1])
+    else:
+        assert sl[-1] == steps[-1] - 1
+    assert all(d <= sl_max for d in sl)
 
 
 def test_oracle_needs_greedy_decoding():

@@ -12,11 +12,29 @@ class Generation:
     tokens: list[int]  # new tokens only: cut after the first EOS, capped at max_new_tokens
     target_forwards: int = 0  # calls of the target model, prefill included
     draft_forwards: int = 0  # calls of the draft model, prefill included
-    drafted: int = 0  # draft tokens proposed for verification
-    accepted: int = 0  # of those, accepted by the verifier
-    accept_lengths: list[int] = field(default_factory=list)  # per target forward: tokens emitted (accepted + bonus)
+    drafted: int = 0  # draft tokens fed to the target for verification (what verification cost)
+    accepted: int = 0  # of those, accepted by the verifier and kept in ``tokens``
+    accept_lengths: list[int] = field(default_factory=list)  # per verification step: tokens it added to ``tokens``
     extra: dict = field(default_factory=dict)  # method-specific raw counters
     forward_sizes: dict = field(default_factory=dict)  # {"target": [tokens fed per call], "draft": [...]}
+
+    def add_step(self, out: list[int], emitted: list[int], accepted: int, max_new_tokens: int,
+                 eos_ids: set[int]) -> None:
+        """Count one verification step that appends ``emitted`` (its ``accepted`` draft tokens, then the
+        target's own token) to ``out`` (the step's tokens not yet added; no EOS in it, under budget).
+
+        Only tokens the output keeps are counted: a step that runs past an EOS or the budget counts up to
+        the EOS / the last token that fits, so ``sum(accept_lengths) == len(tokens)`` for every method and
+        τ and acceptance are not inflated on a prompt's last step.
+        """
+        room = max_new_tokens - len(out)
+        kept = 0
+        for token in emitted[:room]:
+            kept += 1
+            if token in eos_ids:
+                break
+        self.accept_lengths.append(kept)
+        self.accepted += min(accepted, kept)
 
     def count_forwards(self, target, draft=None) -> None:
         """Forward counts and the tokens fed per forward (the cost model of ``make bench`` reads these),

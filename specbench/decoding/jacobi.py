@@ -88,19 +88,36 @@ class StepResult:
     inserted: int  # n-grams new to the pool
 
 
+def tree_argmax(lm: CachedLM, tokens: list[int], parents: list[int], root: int) -> list[int]:
+    """The model's argmax at every node of a token tree fed after the cache, in one forward.
+
+    Only the rows from ``root`` on are computed (verification and the window read nothing before it; on the
+    first step the pending chain is the whole prompt, prompt_len x V logits nobody needs); the returned list
+    is still indexed by node, with -1 at the nodes before the root.
+    """
+    rows = lm.forward(tokens, parents=parents, keep_last=len(tokens) - root)  # (len(tokens) - root, V)
+    return [-1] * root + rows.argmax(dim=-1).tolist()
+
+
 def lookahead_step(lm: CachedLM, pending: Sequence[int], window: JacobiWindow | None, pool: NGramPool,
-                   guesses: int | None) -> StepResult:
-    """One forward of ``lm`` over pending + window + candidate trie; the cache keeps pending + accepted."""
+                   guesses: int | None, max_accept: int | None = None) -> StepResult:
+    """One forward of ``lm`` over pending + window + candidate trie; the cache keeps pending + accepted.
+
+    max_accept: at most this many guess tokens can still be used (the budget left minus the step's own next
+    token); candidates are cut to it, so nothing is verified that the output could not keep.
+    """
     tokens, parents = chain(pending)
     root = len(tokens) - 1
     if window is not None:
         window.attach(tokens, parents, root)
     children: dict[int, list[int]] = {}
     candidates = pool.newest(pending[-1], guesses)
+    if max_accept is not None:
+        candidates = [c[:max_accept] for c in candidates] if max_accept > 0 else []
     before = len(tokens)
     add_trie(tokens, parents, children, root, candidates)
     past = lm.length
-    argmax = lm.forward(tokens, parents=parents).argmax(dim=-1).tolist()
+    argmax = tree_argmax(lm, tokens, parents, root)
     path, next_token = verify_tree_greedy(tokens, children, argmax, root=root)
     lm.keep_positions(list(range(past + root + 1)) + [past + n for n in path])
     inserted = window.slide(argmax, pool) if window is not None else 0

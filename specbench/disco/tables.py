@@ -2,8 +2,8 @@
 Table 5 (F1), Table 6 (DISCO's latency improvement). Markdown for people, CSV/JSON for tools.
 
 The oracle SL of a speculative iteration is the number of draft tokens the target accepted in it (the
-oracle drafts until the first mismatch, so that is the best SL that iteration could have had): per record,
-``accept_lengths`` minus the bonus token each step adds.
+oracle drafts exactly the run the target will accept, so it is also the SL drafted, ``extra.sl``, and the
+best SL that iteration could have had): per record, ``accept_lengths`` minus the bonus token each step adds.
 """
 from __future__ import annotations
 
@@ -23,9 +23,15 @@ TABLE1_PLAN = (("Target", "greedy"), ("dynHeur SL", "dyn_heur"), ("static SL-5",
                ("static SL-opt", "speculative"), ("DISCO", "disco"), ("oracle", "oracle_sl"), ("ppl SL-opt", "ppl_sl"))
 
 
+def oracle_sl_of(record: dict) -> list[int]:
+    """Per-step oracle SL of one record: the SL it drafted (``extra.sl``; every drafted token is accepted), or
+    for records without it, accepted per step (a step cut at an EOS among the drafts counts one less)."""
+    return list((record.get("extra") or {}).get("sl") or [n - 1 for n in record["accept_lengths"]])
+
+
 def oracle_statistics(records: list[dict]) -> dict:
     """Per-prompt oracle SL sequences, their mean ± std over all iterations, and the SL histogram."""
-    per_prompt = {r["prompt_id"]: [n - 1 for n in r["accept_lengths"]] for r in records if r["repeat"] == 0}
+    per_prompt = {r["prompt_id"]: oracle_sl_of(r) for r in records if r["repeat"] == 0}
     values = [sl for seq in per_prompt.values() for sl in seq]
     counts = Counter(values)
     return {

@@ -3,8 +3,10 @@
 Our reference "real client" baseline. Draft settings go on the draft's generation_config
 (transformers 5 silently ignores them as generate() kwargs): a fixed γ (``num_assistant_tokens``,
 schedule ``constant``) and ``assistant_confidence_threshold`` 0 so drafting never stops early.
-transformers returns no acceptance counts, so only forward counts are recorded (via module hooks
-that count calls; nothing in transformers is patched).
+transformers returns no acceptance counts; they are read off the target's calls instead (module hooks;
+nothing in transformers is patched): each verification call feeds the last emitted token and the
+candidates after the cached prefix, so the cache length at call k+1 minus that at call k is what step k
+emitted (the first call reads the prompt too), and the tokens fed minus one are the candidates drafted.
 """
 from __future__ import annotations
 
@@ -20,16 +22,18 @@ class CallCounter:
     """Counts forward calls of a module, and the tokens fed to each, while active (a forward pre-hook)."""
 
     def __init__(self, module: torch.nn.Module):
-        self.module, self.sizes, self._handle = module, [], None
+        self.module, self.sizes, self.cached, self._handle = module, [], [], None
 
     def __enter__(self):
-        self.sizes = []
+        self.sizes, self.cached = [], []
         self._handle = self.module.register_forward_pre_hook(self._count, with_kwargs=True)
         return self
 
     def _count(self, _module, args, kwargs):
         ids = kwargs.get("input_ids", args[0] if args else None)
         self.sizes.append(int(ids.shape[-1]) if ids is not None else 0)
+        cache = kwargs.get("past_key_values")
+        self.cached.append(int(cache.get_seq_length()) if cache is not None else 0)
 
     def __exit__(self, *_):
         self._handle.remove()
@@ -81,4 +85,31 @@ class HFAssisted(DecodingMethod):
         new = out[0, input_ids.shape[1]:].tolist()
         gen = Generation(tokens=finalize_tokens(new, max_new_tokens, eos_ids))
         gen.count_forwards(target_calls, draft_calls)
+        count_steps(gen, target_calls, len(prompt_ids), max_new_tokens, eos_ids)
         return gen
+
+
+def count_steps(gen: Generation, target_calls: CallCounter, prompt_len: int, max_new_tokens: int,
+                eos_ids: set[int]) -> None:
+    """Per-step counters from the target's calls: call k holds (cache length c_k, tokens fed s_k).
+
+    Call 1 reads the prompt and γ_1 = s_1 - prompt_len candidates; call k > 1 reads the last emitted token and
+    γ_k = s_k - 1 candidates after a cache of c_k = prompt_len + (tokens emitted before it) - 1. Step k emitted
+    c_{k+1} - c_k tokens (the first: c_2 - prompt_len + 1), the last step what remains. Left empty if the calls do
+    not fit this pattern (another transformers version): no counters rather than wrong ones.
+    """
+    sizes, cached = target_calls.sizes, target_calls.cached
+    if not sizes or cached[0] != 0 or sizes[0] < prompt_len:
+        return
+    before = [0] + [c - prompt_len + 1 for c in cached[1:]]  # tokens emitted before each call
+    drafts = [sizes[0] - prompt_len] + [s - 1 for s in sizes[1:]]
+    emitted = [b - a for a, b in zip(before, before[1:] + [len(gen.tokens)])]
+    if any(e < 1 or e > d + 1 for e, d in zip(emitted, drafts)):
+        return
+    gen.extra["sl"] = drafts  # candidates drafted per step (the SL actually used, as speculative's)
+    out: list[int] = []
+    for step, (n, drafted) in enumerate(zip(emitted, drafts)):
+        gen.drafted += drafted
+        start = before[step]
+        gen.add_step(out, gen.tokens[start:start + n], n - 1, max_new_tokens, eos_ids)
+        out += gen.tokens[start:start + n]

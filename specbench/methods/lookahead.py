@@ -66,13 +66,13 @@ class Lookahead(PooledMethod):
         out: list[int] = []
         pending = prompt  # committed tokens the target has not read
         while not is_finished(out, max_new_tokens, eos_ids):
-            step = lookahead_step(target, pending, window, self.pool, self.guesses)
+            step = lookahead_step(target, pending, window, self.pool, self.guesses,
+                                  max_accept=max_new_tokens - len(out) - 1)
             timeline.mark("prefill")  # first call only
+            gen.drafted += step.guessed
+            gen.add_step(out, step.accepted + [step.next_token], len(step.accepted), max_new_tokens, eos_ids)
             out += step.accepted + [step.next_token]
             pending = [step.next_token]
-            gen.drafted += step.guessed
-            gen.accepted += len(step.accepted)
-            gen.accept_lengths.append(len(step.accepted) + 1)
             stats["steps"] += 1
             stats["steps_with_candidates"] += step.had_candidates
             stats["ngrams_inserted"] += step.inserted

@@ -30,7 +30,7 @@ import random
 
 from ..decoding.cached_lm import CachedLM
 from ..decoding.generation import Generation, finalize_tokens, is_finished
-from ..decoding.jacobi import JacobiWindow, add_trie, chain, lookahead_step
+from ..decoding.jacobi import JacobiWindow, add_trie, chain, lookahead_step, tree_argmax
 from ..decoding.ngram_pool import NGramPool
 from ..decoding.verify import verify_tree_greedy
 from ..errors import require
@@ -102,17 +102,17 @@ class Ouroboros(PooledMethod):
             ex.update(lcp=[], match_k={k: [] for k in MATCH_K})
         out: list[int] = []
         while not is_finished(out, max_new_tokens, eos_ids):
-            d = self._sentence_draft(draft, seq, window, max_new_tokens - len(out) - 1, eos_ids, ex)
-            emitted, suffix_nodes = self._verify(target, seq, d, ex)
+            limit = max_new_tokens - len(out) - 1  # draft tokens the budget can still use (the step adds one)
+            d = self._sentence_draft(draft, seq, window, limit, eos_ids, ex)
+            emitted, suffix_nodes = self._verify(target, seq, d, limit - len(d), ex)
             timeline.mark("prefill")  # first call only
+            gen.drafted += len(d) + suffix_nodes
+            gen.add_step(out, emitted, len(emitted) - 1, max_new_tokens, eos_ids)
             seq += emitted
             out += emitted
             keep = min(lcp_length(self.draft_seq, seq), len(seq) - 1)
             draft.crop(keep)
             self.draft_seq = self.draft_seq[:keep]
-            gen.drafted += len(d) + suffix_nodes
-            gen.accept_lengths.append(len(emitted))
-            gen.accepted += len(emitted) - 1
             ex["pool_size"].append(len(self.pool))
         gen.tokens = finalize_tokens(out, max_new_tokens, eos_ids)
         gen.count_forwards(target, draft)
@@ -138,19 +138,21 @@ class Ouroboros(PooledMethod):
         return d[:max(limit, 0)]
 
     # (b)+(c) synthetic verification, (d) inspiration, (e) refinement ---------------------------
-    def _verify(self, target: CachedLM, seq, d: list[int], ex) -> tuple[list[int], int]:
-        """One target forward over the sentence draft and the suffixes; returns (emitted tokens, suffix nodes fed)."""
+    def _verify(self, target: CachedLM, seq, d: list[int], room: int, ex) -> tuple[list[int], int]:
+        """One target forward over the sentence draft and the suffixes (cut to the ``room`` the budget leaves
+        after d); returns (emitted tokens, suffix nodes fed)."""
         tokens, parents = chain(seq[target.length:])  # the prompt on the first step, else x_n
         root = len(tokens) - 1
         children: dict[int, list[int]] = {}
         (draft_nodes,) = add_trie(tokens, parents, children, root, [d])  # the sentence draft: a chain under the root
         last = draft_nodes[-1] if d else root  # d_m (or the root when d is empty)
-        suffixes = self.pool.newest(tokens[last], self.top_k) if self.candidate_suffixes else []
+        suffixes = self.pool.newest(tokens[last], self.top_k) if self.candidate_suffixes and room > 0 else []
+        suffixes = [suffix[:room] for suffix in suffixes]
         suffix_nodes = add_trie(tokens, parents, children, last, suffixes)
         fed_suffix = len(tokens) - (last + 1)
         ex["suffix_tokens"] += fed_suffix
         past = target.length
-        argmax = target.forward(tokens, parents=parents).argmax(dim=-1).tolist()
+        argmax = tree_argmax(target, tokens, parents, root)
         path, next_token = verify_tree_greedy(tokens, children, argmax, root=root)
         target.keep_positions(list(range(past + root + 1)) + [past + n for n in path])
 
@@ -174,6 +176,8 @@ class Ouroboros(PooledMethod):
                     ex["match_k"][k].append(match_k(d[l_d + 1:], d_hat[l_d + 1:len(d)], k))
         if self.refinement:
             for suffix, nodes in zip(suffixes, suffix_nodes):
+                if len(suffix) < self.beta - 1:  # cut by the budget: not the pool's phrase
+                    continue
                 refined = [argmax[parents[n]] for n in nodes]  # the target's token at each suffix position
                 if tuple(refined) != tuple(suffix):
                     self.pool.replace(tokens[last], suffix, refined)

@@ -50,7 +50,10 @@ class StaticSL:
 class HeuristicSL(StaticSL):
     """dynHeur (Gante 2023; transformers' ``num_assistant_tokens_schedule``): +2 after a step whose drafts
     were all accepted, -1 otherwise, never below 1. ``persistent``: the SL carries over from prompt to
-    prompt (transformers' ``heuristic``); otherwise it restarts at ``initial`` (``heuristic_transient``)."""
+    prompt (transformers' ``heuristic``); otherwise it restarts at ``initial`` (``heuristic_transient``).
+    Exactly transformers' rule (``update_candidate_strategy``, 5.x): "all accepted" compares the matches kept
+    after an EOS cut with the candidates drafted, so a step that drafted nothing (one token of budget left)
+    counts as all accepted (+2), and one whose accepted drafts end in an EOS before the last draft as not (-1)."""
 
     def __init__(self, initial: int = 5, increase: int = 2, decrease: int = 1, minimum: int = 1,
                  persistent: bool = True):
@@ -65,7 +68,7 @@ class HeuristicSL(StaticSL):
             self.gamma = self.initial
 
     def observe(self, accepted: int, drafted: int) -> None:
-        if drafted and accepted == drafted:
+        if accepted == drafted:
             self.gamma += self.increase
         else:
             self.gamma = max(self.minimum, self.gamma - self.decrease)
@@ -107,21 +110,33 @@ class PerplexitySL(StaticSL):
 
 
 class OracleSL(StaticSL):
-    """The oracle SL (DISCO §2): draft until the first token the target will reject, i.e. stop right after
-    the first draft token that differs from the target's greedy output, which ``prepare`` computes before
-    the timed generation (an oracle: a lower bound on latency, not a usable method). At most ``sl_max``
-    tokens per step; temperature 0 only. The per-step SL sequence is the record's ``extra.sl``."""
+    """The oracle SL (DISCO §2): each step drafts exactly the run of tokens the target will accept, possibly
+    none. ``prepare`` (untimed, before the generation; an oracle, a lower bound on latency, not a usable
+    method) computes the target's greedy output y and, reading the prompt and y in one draft forward, the
+    draft's greedy token after every prefix of y. At temperature 0 the committed output is always a prefix of
+    y, so a step starting after c tokens drafts the draft's tokens as long as they equal y_c, y_c+1, ...:
+    the oracle SL is the length of that agreeing run (at most ``sl_max``), and no rejected token is ever
+    drafted. The per-step SL sequence is the record's ``extra.sl``."""
 
     def __init__(self, sl_max: int = 64):
         super().__init__(sl_max)
-        self.reference: list[int] = []
+        self.reference: list[int] = []  # y: the target's greedy output
+        self.agreeing: list[int] = []  # agreeing[c]: how many draft tokens from output position c on equal y's
 
     def prepare(self, method, prompt_ids, max_new_tokens: int, eos_ids: set[int]) -> None:
+        from ..decoding.cached_lm import CachedLM
         from .greedy import Greedy
 
         require(method.sampler.greedy, "sampling.temperature", "the oracle SL needs temperature 0 (greedy output)")
-        self.reference = Greedy(method.pair, "oracle-reference").generate(prompt_ids, max_new_tokens, eos_ids).tokens
+        y = Greedy(method.pair, "oracle-reference").generate(prompt_ids, max_new_tokens, eos_ids).tokens
+        self.reference = y
+        # (|y|, V) logits: row i predicts the token after prompt + y_0..y_{i-1}
+        logits = CachedLM(method.pair.draft).forward(list(prompt_ids) + y[:-1], keep_last=len(y)) if y else None
+        draft_tokens = logits.argmax(dim=-1).tolist() if y else []
+        self.agreeing = [0] * (len(y) + 1)
+        for c in range(len(y) - 1, -1, -1):
+            self.agreeing[c] = self.agreeing[c + 1] + 1 if draft_tokens[c] == y[c] else 0
 
-    def keep_drafting(self, position: int, draft_logits: torch.Tensor, token: int) -> bool:
-        index = self.output_index(position)
-        return index + 1 < len(self.reference) and self.reference[index] == token
+    def draft_length(self) -> int:
+        c = self.committed
+        return min(self.gamma, self.agreeing[c] if c < len(self.agreeing) else 0)

@@ -48,7 +48,8 @@ class SpeculativeDecoding(DecodingMethod):
         self.policy.prepare(self, prompt_ids, max_new_tokens, eos_ids)
 
     def observe(self, accepted: int, drafted: int) -> None:
-        """Feedback after each verification step."""
+        """Feedback after each verification step: ``accepted`` draft tokens kept in the output (a step cut at an
+        EOS counts up to it, as transformers' ``num_matches``) of the ``drafted`` ones."""
         self.policy.observe(accepted, drafted)
 
     # -- the loop ----------------------------------------------------------------------------
@@ -78,14 +79,13 @@ class SpeculativeDecoding(DecodingMethod):
 
             # 3. Commit d_1..d_n + next; drop rejected positions from both caches.
             emitted = proposal[:n] + [next_token]
+            gen.drafted += len(proposal)
+            gen.add_step(out, emitted, n, max_new_tokens, eos_ids)
             tokens += emitted
             out += emitted
             target.crop(len(tokens) - 1)
             draft.crop(min(draft.length, len(tokens) - 1))
-            gen.drafted += len(proposal)
-            gen.accepted += n
-            gen.accept_lengths.append(n + 1)
-            self.observe(n, len(proposal))
+            self.observe(gen.accept_lengths[-1] - 1, len(proposal))  # matches kept (cut at EOS), as transformers
             sl.append(len(proposal))
 
         gen.tokens = finalize_tokens(out, max_new_tokens, eos_ids)

@@ -1,0 +1,123 @@
+"""Raw counters match the emitted tokens: ``sum(accept_lengths) == len(tokens)`` for every method, τ and
+acceptance are not inflated by a last step that runs past an EOS or the budget, dynHeur's SL schedule is
+transformers' own, and tree forwards compute only the logits verification reads."""
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from specbench.decoding.cached_lm import CachedLM
+from specbench.methods.greedy import Greedy
+from specbench.methods.hf_assisted import HFAssisted
+from specbench.methods.lookahead import Lookahead
+from specbench.methods.ouroboros import Ouroboros
+from specbench.methods.sl_policies import ConfidenceSL, HeuristicSL, OracleSL, PerplexitySL
+from specbench.methods.speculative import SpeculativeDecoding
+
+from .test_equivalence import cases, greedy_reference, pair_for
+
+METHODS = {
+    "speculative": lambda pair, g: SpeculativeDecoding(pair, "speculative", gamma=g),
+    "dyn_heur": lambda pair, g: SpeculativeDecoding(pair, "dyn_heur", policy=HeuristicSL(initial=g)),
+    "confidence": lambda pair, g: SpeculativeDecoding(pair, "confidence", policy=ConfidenceSL(0.3, sl_max=g)),
+    "ppl": lambda pair, g: SpeculativeDecoding(pair, "ppl", policy=PerplexitySL(3.0, sl_max=g)),
+    "oracle_sl": lambda pair, g: SpeculativeDecoding(pair, "oracle_sl", policy=OracleSL(g)),
+    "hf_assisted": lambda pair, g: HFAssisted(pair, "hf_assisted", gamma=g),
+    "lookahead": lambda pair, g: Lookahead(pair, window=3, ngram=g % 4 + 2, guesses=3),
+    "ouroboros": lambda pair, g: Ouroboros(pair, gamma=g, window=4, beta=3, top_k=2, pool_from_prompt=True),
+    "ouroboros_plain": lambda pair, g: Ouroboros(pair, gamma=g, window=4, beta=3, top_k=2, phrase_draft=False),
+    "greedy": lambda pair, g: Greedy(pair, "greedy"),
+}
+ONE_FORWARD_PER_STEP = {"speculative", "dyn_heur", "confidence", "ppl", "oracle_sl", "hf_assisted", "lookahead",
+                        "ouroboros", "ouroboros_plain", "greedy"}
+
+
+def check_counters(gen, name: str) -> None:
+    steps = gen.accept_lengths
+    assert sum(steps) == len(gen.tokens), (name, steps, len(gen.tokens))
+    assert all(n >= 1 for n in steps)
+    assert gen.accepted <= gen.drafted
+    # every step adds its accepted drafts, then (unless cut at an EOS / the budget) the target's own token
+    assert sum(steps) - len(steps) <= gen.accepted <= sum(steps) - len(steps) + 1
+    if name in ONE_FORWARD_PER_STEP:
+        assert len(steps) == gen.target_forwards
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=cases, name=st.sampled_from(sorted(METHODS)))
+def test_counters_match_the_emitted_tokens(case, name):
+    pair = pair_for(case["arch"], case["noise"])
+    ref, eos = greedy_reference(pair, case["prompt"], case["max_new_tokens"], case["eos_pick"])
+    method = METHODS[name](pair, case["gamma"])
+    method.reset(0)
+    method.prepare(case["prompt"], case["max_new_tokens"], eos)
+    gen = method.generate(case["prompt"], case["max_new_tokens"], eos)
+    assert gen.tokens == ref.tokens
+    check_counters(gen, name)
+
+
+def test_a_lookahead_step_past_the_budget_counts_only_the_kept_token():
+    pair = pair_for("llama", 0.0)
+    prompt = [5, 6, 7]
+    greedy = Greedy(pair, "greedy").generate(prompt, 12, set()).tokens
+    method = Lookahead(pair, window=3, ngram=4, guesses=3)
+    method.pool.insert([prompt[-1], *greedy[:3]])  # a guess the target accepts in full
+    gen = method.generate(prompt, 1, set())
+    assert gen.tokens == greedy[:1]
+    assert gen.accept_lengths == [1] and gen.accepted == 0  # was [4] and 3: τ 4 on a one-token budget
+    assert gen.drafted == 0  # guesses longer than the budget can use are not even verified
+
+
+@pytest.mark.parametrize("name", ["speculative", "ouroboros_plain"])
+def test_an_eos_inside_the_draft_ends_the_count(name):
+    pair = pair_for("llama", 0.0)  # the draft is the target: every draft token is accepted
+    for start in range(3, 200):  # a prompt whose greedy output starts with three distinct tokens
+        prompt = [start, start + 1, start + 2]
+        greedy = Greedy(pair, "greedy").generate(prompt, 12, set()).tokens
+        if len(set(greedy[:3])) == 3:
+            break
+    eos = {greedy[2]}
+    gen = METHODS[name](pair, 5).generate(prompt, 12, eos)
+    assert gen.tokens == greedy[:3]
+    assert gen.accept_lengths == [3] and gen.accepted == 3  # the EOS is an accepted draft; no bonus after it
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=cases)
+def test_dyn_heur_drafts_what_transformers_heuristic_schedule_drafts(case):
+    """Our dynHeur and transformers' ``num_assistant_tokens_schedule='heuristic'`` on the same pair, prompt,
+    EOS and budget draft the same number of tokens at every step (transformers is the reference)."""
+    pair = pair_for(case["arch"], case["noise"])
+    ref, eos = greedy_reference(pair, case["prompt"], case["max_new_tokens"], case["eos_pick"])
+    ours = SpeculativeDecoding(pair, "dyn_heur", policy=HeuristicSL(initial=case["gamma"], persistent=False))
+    theirs = HFAssisted(pair, "hf_heuristic", gamma=case["gamma"], schedule="heuristic")
+    a = ours.generate(case["prompt"], case["max_new_tokens"], eos)
+    b = theirs.generate(case["prompt"], case["max_new_tokens"], eos)
+    assert a.tokens == b.tokens == ref.tokens
+    assert a.extra["sl"] == b.extra["sl"]
+    assert a.accept_lengths == b.accept_lengths
+
+
+def test_heuristic_counts_an_empty_draft_as_fully_accepted():
+    policy = HeuristicSL(initial=3)
+    policy.observe(0, 0)  # one token of budget left: nothing drafted (transformers: 0 matches == 0 candidates)
+    assert policy.draft_length() == 5
+
+
+@pytest.mark.parametrize("name", ["lookahead", "ouroboros"])
+def test_tree_forwards_compute_logits_from_the_root_only(name, monkeypatch):
+    """The first step feeds the whole prompt with the tree; only the rows from its last token on are needed."""
+    rows = []
+    forward = CachedLM.forward
+
+    def recording(self, ids, keep_last=None, parents=None):
+        logits = forward(self, ids, keep_last=keep_last, parents=parents)
+        if parents is not None:
+            rows.append((len(ids), logits.shape[0]))
+        return logits
+
+    monkeypatch.setattr(CachedLM, "forward", recording)
+    pair = pair_for("llama", 0.05)
+    prompt = list(range(10, 50))
+    METHODS[name](pair, 4).generate(prompt, 6, set())
+    fed, kept = rows[0]
+    assert fed > len(prompt) and kept == fed - len(prompt) + 1
