@@ -8,7 +8,21 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from .errors import ConfigError, LosslessnessError
+from .errors import ConfigError, LosslessnessError, StorageError
+
+EXIT_CODES = {ConfigError: 2, LosslessnessError: 3, StorageError: 1}
+INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for Ctrl-C
+
+
+def interrupted(cfg: DictConfig | None) -> None:
+    """Ctrl-C: one line saying what is kept and how to go on (records are appended whole, so none is lost)."""
+    try:
+        where = f" under {OmegaConf.select(cfg, 'runner.records_dir')}" if cfg is not None else ""
+    except Exception:  # noqa: BLE001 - an unresolvable path must not hide the message
+        where = ""
+    print(f"specbench: interrupted; finished records are kept{where}, and re-running the same command resumes",
+          file=sys.stderr)
+    sys.exit(INTERRUPTED)
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
@@ -23,11 +37,13 @@ def main(cfg: DictConfig) -> float | None:
                               f"of single runs: run `{pipeline}`, then `python -m specbench.report "
                               f"experiment={cfg.experiment.name}`")
         summary = run(cfg)
-    except (ConfigError, LosslessnessError) as exc:
+    except tuple(EXIT_CODES) as exc:
         print(f"specbench: error: {exc}", file=sys.stderr)
         if HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN:
             raise  # the launcher records this job as failed and goes on with the others
-        sys.exit(2 if isinstance(exc, ConfigError) else 3)
+        sys.exit(next(code for kind, code in EXIT_CODES.items() if isinstance(exc, kind)))
+    except KeyboardInterrupt:
+        interrupted(cfg)
     objective = cfg.get("objective") or "tok_per_s"
     if objective not in summary:
         print(f"specbench: error: objective: {objective!r} is not a summary key; valid: "
@@ -38,4 +54,7 @@ def main(cfg: DictConfig) -> float | None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except KeyboardInterrupt:  # before or after the run itself (composing the config, importing torch)
+        interrupted(None)

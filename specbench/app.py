@@ -11,6 +11,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from transformers.utils import logging as transformers_logging
 
+from .config_check import check_components, check_settings
 from .environment import available_cores
 from .errors import ConfigError, LosslessnessError, require
 from .lossless import LosslessCheck
@@ -20,9 +21,6 @@ from .records import SCHEMA_VERSION, run_key, write_json
 from .report.console import render_headline, render_table
 from .runner import Entry, Runner, RunSpec
 from .scoring.sandbox import protect_path
-
-BASELINE_MODES = ("auto", "skip")
-PAIRING_MODES = ("interleaved", "separate")
 
 
 def build(node: DictConfig, key: str, **kwargs):
@@ -101,33 +99,16 @@ def check_resolution(specs: list[RunSpec], examples, precision, threads: int) ->
                     "you mean explicitly.")
 
 
-def validate_runner(cfg: DictConfig) -> None:
-    r = cfg.runner
-    require(r.baseline in BASELINE_MODES, "runner.baseline", f"{r.baseline!r} is not one of {list(BASELINE_MODES)}")
-    require(r.get("pairing") in PAIRING_MODES, "runner.pairing",
-            f"{r.get('pairing')!r} is not one of {list(PAIRING_MODES)}")
-    require(isinstance(r.get("strict_lossless"), bool), "runner.strict_lossless",
-            f"must be true or false, got {r.get('strict_lossless')!r}")
-    for key in ("repeats",):
-        require(isinstance(r[key], int) and r[key] >= 1, f"runner.{key}", f"must be a positive integer, got {r[key]!r}")
-    for key in ("warmup", "warmup_max_new_tokens"):
-        require(isinstance(r[key], int) and r[key] >= 0, f"runner.{key}", f"must be an integer >= 0, got {r[key]!r}")
-    require(r.threads is None or (isinstance(r.threads, int) and r.threads >= 1), "runner.threads",
-            f"must be a positive integer or null (the cores this process may use), got {r.threads!r}")
-    for group in ("model", "data", "method"):
-        require(group in cfg and cfg[group] is not None, group, f"no {group} selected; pass {group}=<name>")
-    precision_of_config(cfg.model)  # a bad dtype/device/linear kernel fails here, before any model loads
-
-
 def run(cfg: DictConfig, pair=None) -> dict:
     """Run one benchmark; returns the summary of the measured method (with speedup vs its baseline).
 
     pair: an already loaded ModelPair built from ``cfg.model`` (pipelines running many benchmarks on one
     pair load it once); None loads it here.
     """
-    validate_runner(cfg)
+    check_settings(cfg)  # top-level keys, runner, a writable runner.records_dir
     spec = spec_for(cfg, cfg.method)
     try:
+        check_components(cfg, pair)  # sampling and every _target_ node, before any model loads
         summary = measure(cfg, spec, pair)
     except ConfigError as exc:  # say why this cell of a sweep is empty (the report reads it)
         write_json(spec.error_path, {"error": str(exc), "method": spec.method, "pair": spec.pair, "data": spec.data,
@@ -157,8 +138,8 @@ def measure(cfg: DictConfig, spec: RunSpec, pair=None) -> dict:
                     seed=sampling["seed"], progress=cfg.runner.progress, config=config,
                     scorer=dataset.scorer, chat=dataset.chat_template, threads=threads,
                     lossless=LosslessCheck(pair, threads) if exact else None)
-    print(f"[specbench] threads: {threads} ({'runner.threads' if cfg.runner.threads else 'the cores this process may use'})"
-          f"; pairing: {pairing_mode(cfg)}", file=sys.stderr)
+    source = "runner.threads" if cfg.runner.threads else "the cores this process may use"
+    print(f"[specbench] threads: {threads} ({source}); pairing: {pairing_mode(cfg)}", file=sys.stderr)
 
     method = Entry(build(cfg.method, "method", pair=pair, **sampling), spec)  # before any work: bad settings fail fast
     is_baseline = base_spec.key == spec.key

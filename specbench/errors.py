@@ -17,5 +17,10 @@ def require_count(value, key: str, optional: bool = False, what: str = "a positi
     require(ok or (optional and value is None), key, f"must be {what}{' or null' if optional else ''}, got {value!r}")
 
 
+class StorageError(RuntimeError):
+    """A records or summary file could not be written (disk full, ...). The message names the file; every
+    record written before it is intact, so re-running the same command resumes."""
+
+
 class LosslessnessError(RuntimeError):
     """``runner.strict_lossless``: an output diverged from greedy beyond the measured numerical noise."""

@@ -1,8 +1,9 @@
 """The record schema and the append-only JSONL store that makes sweeps crash-safe and resumable.
 
 One line per (prompt, repeat), written with a single write + fsync as soon as it is produced. A
-line cut short by a crash is dropped (and the file repaired) on the next load, so re-running the
-same run redoes exactly the missing prompts.
+line cut short by a crash is ignored by every load (reading never writes: a report may read a file a
+sweep is appending to) and cut off the file only by a writer holding the lock, so re-running the same
+run redoes exactly the missing prompts.
 """
 from __future__ import annotations
 
@@ -12,10 +13,14 @@ import json
 import os
 import re
 import sys
+import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 
-SCHEMA_VERSION = 2  # 2: pairing mode in the run key, resolved precision and threads in every record; pairing rounds; losslessness verdicts
+from .errors import StorageError
+
+# 2: pairing mode in the run key, resolved precision and threads in every record; pairing rounds; losslessness verdicts
+SCHEMA_VERSION = 2
 
 
 def run_key(identity: dict) -> str:
@@ -33,14 +38,11 @@ class RecordStore:
         self.path = Path(path)
 
     def load(self) -> list[dict]:
-        """All complete records; a truncated last line (crash mid-write) is cut off the file."""
+        """All complete records; an incomplete last line (a crash mid-write, or a write in progress) is ignored."""
         if not self.path.exists():
             return []
         raw = self.path.read_bytes()
         complete_len = raw.rfind(b"\n") + 1
-        if complete_len < len(raw):
-            with open(self.path, "r+b") as fh:
-                fh.truncate(complete_len)
         records, seen = [], set()
         for line in raw[:complete_len].splitlines():
             if line.strip():
@@ -67,20 +69,42 @@ class RecordStore:
                 print(f"[specbench] waiting for another job writing {self.path}", file=sys.stderr)
                 fcntl.lockf(fh, fcntl.LOCK_EX)
             try:
+                self.repair()
                 yield
             finally:
                 fcntl.lockf(fh, fcntl.LOCK_UN)
 
+    def repair(self) -> None:
+        """Cut an incomplete last line (left by a crash) off the file. Only under ``lock()``, which calls it:
+        without the lock the line may be a record another process is writing right now."""
+        if not self.path.exists():
+            return
+        raw = self.path.read_bytes()
+        complete_len = raw.rfind(b"\n") + 1
+        if complete_len < len(raw):
+            with open(self.path, "r+b") as fh:
+                fh.truncate(complete_len)
+
     def append(self, record: dict) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        """One record as one line (a single O_APPEND write, fsync'ed). A disk that is full or fails is a
+        StorageError naming the file; the records before it stay intact (a cut line is ignored by load)."""
         line = (json.dumps(record, default=str) + "\n").encode()
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
-            while line:  # one O_APPEND write per record; loop only if the kernel writes short
-                line = line[os.write(fd, line):]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+            try:
+                size = os.fstat(fd).st_size
+                if size and os.pread(fd, 1, size - 1) != b"\n":  # a line cut by a crash, not repaired (no lock):
+                    line = b"\n" + line  # end it there, so this record stays a line of its own
+                while line:  # one O_APPEND write per record; loop only if the kernel writes short
+                    line = line[os.write(fd, line):]
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            raise StorageError(f"cannot append a record to {self.path} ({exc.strerror or exc}); "
+                               "the records before it are intact: free the space (or fix the disk) and re-run the "
+                               "same command to resume") from exc
 
 
 def round_of(record: dict) -> str | None:
@@ -95,8 +119,22 @@ def record_identity(record: dict) -> tuple:
 
 
 def write_json(path: Path, payload: dict) -> None:
-    """Atomic write (tmp + rename) for derived files such as the run summary."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(payload, indent=2, default=str))
-    tmp.replace(path)
+    """Atomic write for derived files such as the run summary: a temporary file of its own in the same directory
+    (two processes writing one summary never share it), fsync'ed, then renamed over ``path``; removed on failure.
+    A write that fails (disk full) is a StorageError naming the file; the previous version stays as it was."""
+    path = Path(path)
+    text = json.dumps(payload, indent=2, default=str).encode()
+    tmp = None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except OSError as exc:
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
+        raise StorageError(f"cannot write {path} ({exc.strerror or exc}); its previous version, if any, is "
+                           "unchanged") from exc

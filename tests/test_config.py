@@ -1,12 +1,12 @@
 """Every config group composes; cheap groups instantiate; bad overrides name the key at fault."""
-from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
-from specbench.app import build, spec_for, validate_runner
+from specbench.app import build, spec_for
+from specbench.config_check import check_components, check_settings
 from specbench.errors import ConfigError
 
 from .conftest import ROOT, run_cli
@@ -35,12 +35,15 @@ def test_every_option_composes(group):
             assert node.name, f"{group}/{name} needs a name"
 
 
-def test_default_config_and_baseline():
-    cfg = composed()
-    validate_runner(cfg)
+def test_default_config_and_baseline(tmp_path):
+    cfg = composed(f"runner.records_dir={tmp_path}")
+    check_settings(cfg)
+    check_components(cfg)
     assert cfg.model.name == "qwen2.5-coder-1.5b-0.5b"
     assert cfg.baseline.name == "greedy"
-    assert cfg.hydra.job.chdir is False if "hydra" in cfg else True
+    hydra = composed_with_hydra().hydra  # compose drops the hydra node unless asked for it
+    assert hydra.job.chdir is False, "runs must not change directory: relative paths are the user's"
+    assert str(hydra.run.dir).startswith("runs/") and str(hydra.sweep.dir).startswith("runs/")
 
 
 @pytest.mark.parametrize("name", ["gsm8k", "humaneval"])
@@ -131,7 +134,8 @@ def test_cli_bad_overrides_fail_with_the_key(tmp_path):
         ("data.limit=0",): "data.limit",
         ("runner.baseline=sometimes",): "runner.baseline",
         ("sampling.temperature=-0.5",): "sampling.temperature",
-        ("model.dtype=float64",): "model.dtype: unknown dtype 'float64'; valid: ['auto', 'float32', 'bfloat16', 'float16']",
+        ("model.dtype=float64",):
+            "model.dtype: unknown dtype 'float64'; valid: ['auto', 'float32', 'bfloat16', 'float16']",
         ("model.device=cuda",): "model.device",
         ("model.device=tpu",): "model.device",
         ("+model.linear_kernel=fastest",): "model.linear_kernel",
@@ -139,8 +143,8 @@ def test_cli_bad_overrides_fail_with_the_key(tmp_path):
         ("runner.strict_lossless=maybe",): "runner.strict_lossless",
     }
     for overrides, key in cases.items():
-        proc = run_cli(*overrides, "data.limit=1", records_dir=records, check=False) if "data.limit=0" not in overrides \
-            else run_cli(*overrides, records_dir=records, check=False)
+        limit = () if "data.limit=0" in overrides else ("data.limit=1",)
+        proc = run_cli(*overrides, *limit, records_dir=records, check=False)
         assert proc.returncode != 0, overrides
         assert key in proc.stderr, (overrides, proc.stderr[-2000:])
     assert not any(records.rglob("*.jsonl")), "a failed configuration must not write records"
@@ -181,7 +185,8 @@ def test_every_experiment_composes_with_its_sweep(name):
 def test_table7_hyper_parameters_apply_only_where_the_paper_has_a_row():
     paper = composed("+experiment=ouroboros_table2", "method=ouroboros_warm", "data=gsm8k").method
     assert (paper.gamma, paper.window, paper.beta, paper.top_k, paper.warm_start) == (4, 15, 7, 3, True)
-    spec = composed("+experiment=ouroboros_table2", "method=speculative", "data=wmt16", "model=llama2_chat_70b_7b").method
+    spec = composed("+experiment=ouroboros_table2", "method=speculative", "data=wmt16",
+                    "model=llama2_chat_70b_7b").method
     assert spec.gamma == 5
     embedded = composed("+experiment=ouroboros_table2", "method=ouroboros", "data=gsm8k", "model=embedded").method
     default = composed("method=ouroboros").method

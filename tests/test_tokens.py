@@ -56,8 +56,11 @@ def test_record_store_repairs_truncated_line(tmp_path):
     store.append({"prompt_id": "b", "repeat": 0})
     with open(store.path, "ab") as fh:  # a crash in the middle of writing the third record
         fh.write(b'{"prompt_id": "c", "rep')
+    size = store.path.stat().st_size
     records = store.load()
     assert [r["prompt_id"] for r in records] == ["a", "b"]
-    store.append({"prompt_id": "c", "repeat": 0})
+    assert store.path.stat().st_size == size  # reading never writes: the line may be a write in progress
+    with store.lock():  # the writer's lock repairs the file first, as the runner takes it before appending
+        store.append({"prompt_id": "c", "repeat": 0})
     lines = store.path.read_text().splitlines()
     assert [json.loads(line)["prompt_id"] for line in lines] == ["a", "b", "c"]
