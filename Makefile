@@ -33,19 +33,21 @@ embedded: $(EMBEDDED_STAMP) ## Install the embedded Qwen2.5-Coder pair and conve
 run: $(EMBEDDED_STAMP) ## Default benchmark: speculative vs greedy (paired) on 4 GSM8K prompts, embedded pair (ARGS=... for more overrides)
 	$(BIN)/python -m specbench method=speculative data=gsm8k data.limit=4 $(ARGS)
 
-test: $(EMBEDDED_STAMP) ## All tests, including the slow ones on the embedded pair (what CI runs)
+test: $(EMBEDDED_STAMP) ## Lint (ruff), then all tests, including the slow ones on the embedded pair (what CI runs)
+	$(BIN)/ruff check specbench tests
 	$(BIN)/python -m pytest tests
 
-test-fast: $(STAMP) ## Tests on tiny in-process models only (no embedded weights needed)
+test-fast: $(STAMP) ## Lint (ruff), then the tests on tiny in-process models only (no embedded weights needed)
+	$(BIN)/ruff check specbench tests
 	$(BIN)/python -m pytest tests -m "not slow"
 
-bench: $(EMBEDDED_STAMP) ## Paired benchmark of greedy / speculative / hf_assisted / lookahead / ouroboros, forward costs and efficiency vs the bound (ARGS="--fp32 --limit ...")
+bench: $(EMBEDDED_STAMP) ## Paired benchmark of greedy / speculative / hf_assisted / lookahead / ouroboros, forward costs and efficiency vs the bound (ARGS="fp32=true limit=3 ...", conf/bench.yaml)
 	$(BIN)/python -m specbench.bench $(ARGS)
 
 disco: $(EMBEDDED_STAMP) ## DISCO end to end on the embedded pair: extract, train, tune, test -> runs/disco/embedded/gsm8k_small (ARGS=disco=... for another experiment)
 	$(BIN)/python -m specbench.disco disco=gsm8k_small $(ARGS)
 
-report: $(STAMP) ## Render a paper table + figures from runs/ (ARGS="experiment=ouroboros_table2 model=embedded data=gsm8k ...")
+report: $(STAMP) ## Render a paper table + figures from runs/ (ARGS="experiment=ouroboros_table2 model=embedded data=gsm8k ...", conf/report.yaml)
 	$(BIN)/python -m specbench.report $(ARGS)
 
 clean: ## Remove the virtual environment and caches (not runs/, not the converted weights)

@@ -8,84 +8,116 @@ on a float32 copy of the target to every round (the dtype's own gain, side by si
 (costs.py): T(k)/T(1) for the target and the draft, k = 1..32, and per method: tok/s, paired speed-up, τ,
 bound and efficiency = speed-up / bound.
 
-    python -m specbench.bench --data gsm8k,humaneval --limit 2 --max-new-tokens 128 [--fp32]
+A Hydra app; its keys are conf/bench.yaml's (``--help`` lists them):
+
+    python -m specbench.bench datasets=[gsm8k,humaneval] limit=2 max_new_tokens=128 [fp32=true]
 """
 from __future__ import annotations
 
-import argparse
 import json
+import sys
 import time
 from pathlib import Path
 
+import hydra
 import torch
-from hydra import compose, initialize_config_dir
+from hydra import compose
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from . import costs as cost_model
 from .app import build
+from .cli import run_app
 from .environment import available_cores
+from .errors import ConfigError, require, require_count
 from .lossless import LosslessCheck
 from .metrics import compare, fmt, matched_baseline, summarize
+from .models.precision import precision_of_config
 from .report.console import render_table, speedup_text
+from .report.experiment import hydra_context
 from .runner import Entry, Runner, RunSpec
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 FP32_GREEDY = "greedy_fp32"
 
 
-def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="embedded", help="conf/model option (default: embedded)")
-    parser.add_argument("--dtype", default=None, help="model.dtype override (default: the model config's, auto)")
-    parser.add_argument("--data", default="gsm8k,humaneval", help="comma list of conf/data options")
-    parser.add_argument("--methods", default="greedy,speculative,hf_assisted,lookahead,ouroboros",
-                        help="first one is the baseline")
-    parser.add_argument("--limit", type=int, default=2, help="prompts per dataset")
-    parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--gamma", type=int, default=4, help="γ for speculative and hf_assisted")
-    parser.add_argument("--fp32", action="store_true", help="add greedy on a float32 copy of the target to every round")
-    parser.add_argument("--cost-repeats", type=int, default=3, help="timed calls per forward-cost entry")
-    parser.add_argument("--warmup", type=int, default=1)
-    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: the cores available)")
-    parser.add_argument("--out", default="runs/bench", help="where the bench records go")
-    return parser.parse_args(argv)
+def option_list(cfg: DictConfig, key: str, group: str) -> list[str]:
+    """``cfg[key]``: a list of conf/<group> options (one name alone is a list of one)."""
+    value = cfg[key]
+    value = [value] if isinstance(value, str) else value
+    options = sorted(str(p.relative_to(CONF / group).with_suffix("")) for p in (CONF / group).rglob("*.yaml"))
+    require(isinstance(value, (list, ListConfig)) and len(value) > 0, key,
+            f"must be a list of conf/{group} options, e.g. {key}=[{options[0]}], got {value!r}")
+    for name in value:
+        require(name in options, key, f"{name!r} is not a conf/{group} option; valid: "
+                f"{[o for o in options if '/' not in o]} (and the presets in conf/{group}/<folder>/)")
+    return [str(name) for name in value]
 
 
-def compose_all(args):
-    model_overrides = [f"model={args.model}"] + ([f"model.dtype={args.dtype}"] if args.dtype else [])
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        base = compose(config_name="config", overrides=model_overrides)
-        fp32 = compose(config_name="config", overrides=[f"model={args.model}", "model.dtype=float32"]) if args.fp32 else None
-        methods = {m: compose(config_name="config", overrides=[f"method={m}"]).method for m in args.methods.split(",")}
-        data = [compose(config_name="config", overrides=[f"data={d}", f"data.limit={args.limit}",
-                                                       f"data.max_new_tokens={args.max_new_tokens}"]).data
-                for d in args.data.split(",")]
+def validate(cfg: DictConfig) -> None:
+    """Every key of conf/bench.yaml, before any model loads."""
+    for key in ("limit", "max_new_tokens", "gamma", "cost_repeats"):
+        require_count(cfg[key], key)
+    require(isinstance(cfg.warmup, int) and not isinstance(cfg.warmup, bool) and cfg.warmup >= 0, "warmup",
+            f"must be an integer >= 0, got {cfg.warmup!r}")
+    require_count(cfg.threads, "threads", optional=True, what="a positive integer (torch threads)")
+    require(isinstance(cfg.fp32, bool), "fp32", f"must be true or false, got {cfg.fp32!r}")
+    require(isinstance(cfg.out, str) and cfg.out != "", "out", f"must be a directory, got {cfg.out!r}")
+    option_list(cfg, "datasets", "data")
+    option_list(cfg, "methods", "method")
+    precision_of_config(cfg.model)  # a bad dtype/device/linear kernel fails here
+
+
+def compose_all(cfg: DictConfig):
+    """The pair's config (and its float32 copy with fp32=true), each method's and each dataset's config."""
+    base = cfg.model
+    fp32 = OmegaConf.merge(cfg.model, {"dtype": "float32"}) if cfg.fp32 else None
+    with hydra_context():  # the main config's groups; Hydra's own when this runs as the app
+        methods = {m: compose(config_name="config", overrides=[f"method={m}"]).method
+                   for m in option_list(cfg, "methods", "method")}
+        data = [compose(config_name="config", overrides=[f"data={d}", f"data.limit={cfg.limit}",
+                                                        f"data.max_new_tokens={cfg.max_new_tokens}"]).data
+                for d in option_list(cfg, "datasets", "data")]
     return base, fp32, methods, data
 
 
-def main(argv=None) -> dict:
-    args = parse_args(argv)
-    threads = args.threads or available_cores()
+@hydra.main(version_base="1.3", config_path="../conf", config_name="bench")
+def app(cfg: DictConfig) -> None:
+    try:
+        run(cfg)
+    except ConfigError as exc:  # a bad key: one clear line, no traceback
+        print(f"specbench.bench: error: {exc}", file=sys.stderr)
+        sys.exit(2)
+
+
+def main(argv: list[str] | None = None) -> None:
+    run_app(app, "specbench.bench", "bench", sys.argv[1:] if argv is None else argv)
+
+
+def run(cfg: DictConfig) -> dict:
+    """The bench from its config (conf/bench.yaml); returns what result.json holds."""
+    validate(cfg)
+    threads = cfg.threads or available_cores()
     torch.set_num_threads(threads)
-    base, fp32_cfg, method_cfgs, data_cfgs = compose_all(args)
-    pair = build(base.model, "model")
+    base, fp32_cfg, method_cfgs, data_cfgs = compose_all(cfg)
+    pair = build(base, "model")
     sampling = dict(temperature=0.0, top_p=1.0, seed=0)
     built = {}
-    for name, cfg in method_cfgs.items():
-        if "gamma" in cfg and name in ("speculative", "hf_assisted"):
-            cfg.gamma = args.gamma
-        built[name] = build(cfg, "method", pair=pair, **sampling)
+    for name, method_cfg in method_cfgs.items():
+        if "gamma" in method_cfg and name in ("speculative", "hf_assisted"):
+            method_cfg.gamma = cfg.gamma
+        built[name] = build(method_cfg, "method", pair=pair, **sampling)
     if fp32_cfg is not None:
-        built[FP32_GREEDY] = build(method_cfgs[next(iter(method_cfgs))], "method", pair=build(fp32_cfg.model, "model"),
+        built[FP32_GREEDY] = build(method_cfgs[next(iter(method_cfgs))], "method", pair=build(fp32_cfg, "model"),
                                    **sampling)
     names = list(built)
-    runner = Runner(pair, args.max_new_tokens, warmup=args.warmup, progress=False, threads=threads,
+    runner = Runner(pair, cfg.max_new_tokens, warmup=cfg.warmup, progress=False, threads=threads,
                     lossless=LosslessCheck(pair, threads))
-    out = Path(args.out) / time.strftime("%Y%m%d-%H%M%S")
+    out = Path(cfg.out) / time.strftime("%Y%m%d-%H%M%S")
     records = {name: [] for name in names}
     first_prompt = None
     for data_cfg in data_cfgs:
         dataset = build(data_cfg, "data")
-        runner.scorer, runner.chat, runner.max_new_tokens = dataset.scorer, dataset.chat_template, args.max_new_tokens
+        runner.scorer, runner.chat, runner.max_new_tokens = dataset.scorer, dataset.chat_template, cfg.max_new_tokens
         examples = dataset.examples()
         first_prompt = first_prompt or runner.encode([{"role": "user", "content": examples[0].prompt}], False)
         entries = [Entry(built[n], RunSpec(key="bench", method=n, pair=pair.name, data=dataset.name, records_dir=out))
@@ -102,12 +134,12 @@ def main(argv=None) -> dict:
                  for name, recs in records.items()}
     print(render_table(list(summaries.items())))
 
-    target_costs = cost_model.measure_costs(pair.target, first_prompt, repeats=args.cost_repeats)
-    draft_costs = cost_model.measure_costs(pair.draft, first_prompt, repeats=args.cost_repeats) if pair.draft else None
+    target_costs = cost_model.measure_costs(pair.target, first_prompt, repeats=cfg.cost_repeats)
+    draft_costs = cost_model.measure_costs(pair.draft, first_prompt, repeats=cfg.cost_repeats) if pair.draft else None
     print_cost_table(target_costs, draft_costs)
     efficiency = efficiency_rows(records, names, summaries, target_costs, draft_costs)
     result = {"pair": pair.name, "precision": pair.precision.as_record(), "threads": threads,
-              "max_new_tokens": args.max_new_tokens, "gamma": args.gamma,
+              "max_new_tokens": cfg.max_new_tokens, "gamma": cfg.gamma,
               "forward_ms": {"target": target_costs, "draft": draft_costs}, "efficiency": efficiency,
               "summaries": {k: {kk: vv for kk, vv in v.items() if kk not in ("first_divergence", "divergences")}
                             for k, v in summaries.items()}}
@@ -138,7 +170,8 @@ def print_cost_table(target_costs: dict, draft_costs: dict | None) -> None:
 def efficiency_rows(records, names, summaries, target_costs, draft_costs) -> dict:
     """Per method: tok/s, paired speed-up with its interval, τ, the cost bound and speed-up / bound."""
     rows = {}
-    print(f"{'method':<14} {'tok/s':>7} {'speed-up [95% CI]':>22} {'Σ/Σ':>5} {'tau':>5} {'bound':>6} {'efficiency':>10}")
+    print(f"{'method':<14} {'tok/s':>7} {'speed-up [95% CI]':>22} {'Σ/Σ':>5} {'tau':>5} {'bound':>6} "
+          f"{'efficiency':>10}")
     for name in names[1:]:
         s = summaries[name]
         base = matched_baseline(records[name], records[names[0]])
@@ -148,8 +181,8 @@ def efficiency_rows(records, names, summaries, target_costs, draft_costs) -> dic
         rows[name] = {"tok_per_s": s["tok_per_s"], "speedup": s.get("speedup"), "speedup_ci95": s.get("speedup_ci95"),
                       "speedup_total": s.get("speedup_total"), "tau": s.get("tau"),
                       "bound": limit if name != FP32_GREEDY else None, "efficiency": eff}
-        print(f"{name:<14} {fmt(s['tok_per_s']):>7} {speedup_text(s):>22} {fmt(s.get('speedup_total')):>5} {fmt(s.get('tau')):>5} "
-              f"{fmt(rows[name]['bound']):>6} {fmt(eff):>10}")
+        print(f"{name:<14} {fmt(s['tok_per_s']):>7} {speedup_text(s):>22} {fmt(s.get('speedup_total')):>5} "
+              f"{fmt(s.get('tau')):>5} {fmt(rows[name]['bound']):>6} {fmt(eff):>10}")
     return rows
 
 

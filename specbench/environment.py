@@ -1,4 +1,4 @@
-"""The environment every record carries (DESIGN §2.7): code version, packages, threads, device."""
+"""The environment every record carries (README, *Where results go*): code version, packages, threads, device."""
 from __future__ import annotations
 
 import os
@@ -19,7 +19,8 @@ def git_state() -> dict:
     def git(*args):
         return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=10).stdout.strip()
     try:
-        return {"commit": git("rev-parse", "HEAD") or None, "dirty": bool(git("status", "--porcelain", "--untracked-files=no"))}
+        return {"commit": git("rev-parse", "HEAD") or None,
+                "dirty": bool(git("status", "--porcelain", "--untracked-files=no"))}
     except (OSError, subprocess.SubprocessError):
         return {"commit": None, "dirty": None}
 

@@ -1,4 +1,5 @@
-"""Is a divergence from greedy a bug, or rounding at a near-tie? (DESIGN §2.10)
+"""Is a divergence from greedy a bug, or rounding at a near-tie? (README, *Identical to greedy: near-ties and
+mismatches*)
 
 In bf16/fp16 a k-token forward and k one-token forwards sum in different orders, so their logits differ
 slightly, and where the target's two best tokens are that close, a correct method can pick the other

@@ -152,7 +152,8 @@ def t_975(df: int) -> float:
     return z + (z ** 3 + z) / (4 * df) + (5 * z ** 5 + 16 * z ** 3 + 3 * z) / (96 * df ** 2)
 
 
-def bootstrap_mean_ci(values_by_unit: list[list[float]], samples: int = 8000, seed: int = 0) -> tuple[float, float] | None:
+def bootstrap_mean_ci(values_by_unit: list[list[float]], samples: int = 8000,
+                      seed: int = 0) -> tuple[float, float] | None:
     """95% interval of the mean over units (prompts; each unit the mean of its repeats): the *expanded* percentile
     bootstrap (Hesterberg 2015). The plain percentile interval is too narrow for the handful of prompts a CPU
     benchmark has (at n = 4 about half as wide as it should be); expanded, its tails are read at

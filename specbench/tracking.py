@@ -1,7 +1,8 @@
 """Experiment tracking. ``logger=none`` (default) records nothing extra; ``logger=wandb`` logs each run.
 
 W&B runs offline unless an API key is set (mode ``auto``), so nothing ever waits on a login prompt
-or the network; ``wandb sync runs/wandb/offline-run-*`` uploads offline runs later.
+or the network; ``wandb sync runs/wandb/wandb/offline-run-*`` uploads offline runs later (wandb.init(dir=D)
+writes them to D/wandb/; D is ``logger.dir``, by default ``paths.wandb``: runs/wandb).
 """
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import json
 import os
 from pathlib import Path
 
+WANDB_MODES = ("auto", "offline", "online", "disabled")
 TABLE_COLUMNS = ("prompt_id", "repeat", "new_tokens", "wall_s", "prefill_s", "tok_per_s", "target_forwards",
                  "drafted", "accepted", "output_text", "score_status", "score")
 
@@ -83,9 +85,9 @@ def log_report(name: str, table, images: list[Path], project: str = "specbench",
 class WandbTracker(NullTracker):
     def __init__(self, project: str = "specbench", entity: str | None = None, mode: str = "auto",
                  dir: str = "runs/wandb", tags: list[str] | None = None, **_):
-        if mode not in ("auto", "offline", "online", "disabled"):
+        if mode not in WANDB_MODES:
             from .errors import ConfigError
-            raise ConfigError(f"logger.mode: {mode!r} is not one of auto, offline, online, disabled")
+            raise ConfigError(f"logger.mode: {mode!r} is not one of {', '.join(WANDB_MODES)}")
         mode = resolve_mode(mode)
         self.project, self.entity, self.mode, self.dir, self.tags = project, entity, mode, Path(dir), tags or []
         self.run = None
@@ -110,7 +112,8 @@ class WandbTracker(NullTracker):
 
         numbers = {k: v for k, v in summary.items() if isinstance(v, (int, float)) and v is not None}
         accuracy = summary.get("accuracy") or {}
-        numbers.update({f"task/{k}": v for k, v in (accuracy.get("metrics") or {}).items() if isinstance(v, (int, float))})
+        numbers.update({f"task/{k}": v for k, v in (accuracy.get("metrics") or {}).items()
+                        if isinstance(v, (int, float))})
         self.run.summary.update(numbers)
         payload = {"prompts": wandb.Table(columns=list(TABLE_COLUMNS), data=self.rows)}
         if self.accept_lengths:

@@ -1,14 +1,32 @@
-"""``make bench`` on the tiny pair: every method in every round, the cost table, bounds and efficiencies."""
+"""``make bench`` on the tiny pair: every method in every round, the cost table, bounds and efficiencies;
+``python -m specbench.bench``'s keys, help and errors."""
 import json
+import subprocess
+import sys
+
+import pytest
+from hydra import compose, initialize_config_dir
 
 from specbench import costs
-from specbench.bench import main
+from specbench import bench
+
+from .conftest import ROOT
+
+
+def bench_config(*overrides: str):
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        return compose(config_name="bench", overrides=list(overrides))
+
+
+def bench_cli(*args: str, tmp_path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "specbench.bench", f"paths.root={tmp_path / 'runs'}", *args],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
 
 
 def test_bench_rounds_cost_table_and_efficiency(tmp_path, capsys):
-    result = main(["--model", "tiny_llama", "--data", "gsm8k", "--limit", "2", "--max-new-tokens", "12",
-                   "--methods", "greedy,speculative,lookahead", "--fp32", "--cost-repeats", "1",
-                   "--out", str(tmp_path)])
+    result = bench.run(bench_config("model=tiny_llama", "datasets=[gsm8k]", "limit=2", "max_new_tokens=12",
+                              "methods=[greedy,speculative,lookahead]", "fp32=true", "cost_repeats=1",
+                              f"out={tmp_path}"))
     out = capsys.readouterr().out
     assert "T(k)/T(1)" in out and "efficiency" in out
     assert set(result["efficiency"]) == {"speculative", "lookahead", "greedy_fp32"}
@@ -33,3 +51,36 @@ def test_bound_is_predicted_greedy_time_over_predicted_method_time():
     spec = [{"forward_sizes": {"target": [8, 4, 4], "draft": [8, 1, 1, 1, 1, 1, 1]}}]
     expected = (20 + 9 * 10) / ((20 + 14 + 14) + (20 + 6 * 10))
     assert abs(costs.bound(spec, greedy, table, table) - expected) < 1e-12
+
+
+def test_bench_keys_default_to_the_old_options_and_paths():
+    cfg = bench_config()
+    assert list(cfg.datasets) == ["gsm8k", "humaneval"]
+    assert list(cfg.methods) == ["greedy", "speculative", "hf_assisted", "lookahead", "ouroboros"]
+    assert (cfg.limit, cfg.max_new_tokens, cfg.gamma, cfg.fp32, cfg.cost_repeats, cfg.warmup, cfg.threads) == \
+        (2, 128, 4, False, 3, 1, None)
+    assert cfg.model.name == "qwen2.5-coder-1.5b-0.5b" and cfg.out == "runs/bench"
+    assert bench_config("paths.root=/x").out == "/x/bench" and bench_config("out=/y").out == "/y"
+
+
+@pytest.mark.parametrize("args, message", [
+    (["limit=0"], "limit: must be a positive integer, got 0"),
+    (["methods=[greedy,nosuch]"], "methods: 'nosuch' is not a conf/method option"),
+    (["model=tiny_llama", "model.dtype=half"], "model.dtype: unknown dtype 'half'"),
+    (["limt=3"], "Could not override 'limt'"),
+    (["model=nosuch"], "Could not find 'model/nosuch'; Available options in 'model': "),
+])
+def test_bench_bad_input_is_one_line_naming_the_key_and_exit_2(tmp_path, args, message):
+    proc = bench_cli(*args, tmp_path=tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("specbench.bench: error: ") and message in lines[0], proc.stderr
+    assert not (tmp_path / "runs" / "bench").exists()
+
+
+def test_bench_help_lists_its_keys(tmp_path):
+    proc = bench_cli("--help", tmp_path=tmp_path)
+    assert proc.returncode == 0
+    for key in ("model=PAIR", "datasets=[A,B]", "methods=", "limit=N", "max_new_tokens=N", "gamma=N", "fp32=true",
+                "cost_repeats=N", "warmup=N", "threads=N", "out=DIR", "paths.root=DIR"):
+        assert key in proc.stdout, key

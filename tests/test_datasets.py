@@ -119,7 +119,8 @@ def test_offline_subsets_from_question_files(name, scorer, first_words):
 
 
 def test_category_filter_that_matches_nothing_is_named(tmp_path):
-    path = write_jsonl(tmp_path / "q.jsonl", [{"question_id": 1, "category": "qa", "turns": ["hi"], "reference": ["x"]}])
+    path = write_jsonl(tmp_path / "q.jsonl",
+                       [{"question_id": 1, "category": "qa", "turns": ["hi"], "reference": ["x"]}])
     with pytest.raises(ConfigError, match="data.categories"):
         build(composed("data=cnndm_specbench", f"data.path={path}").data, "data").examples()
 

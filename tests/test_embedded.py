@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from .conftest import ROOT, run_cli
+from .conftest import run_cli
 
 pytestmark = pytest.mark.slow
 

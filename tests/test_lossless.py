@@ -2,7 +2,6 @@
 import json
 
 import pytest
-import torch
 
 from specbench.decoding.cached_lm import CachedLM
 from specbench.decoding.generation import Generation, finalize_tokens, is_finished

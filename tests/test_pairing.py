@@ -69,7 +69,8 @@ def test_interleaved_rounds_alternate_order_share_round_ids_and_resume(tmp_path)
 
     proc = run_cli("method=speculative", "data.limit=3", "data.max_new_tokens=8", records_dir=records)
     assert "resuming, 2 record(s) kept, 1 to run" in proc.stderr
-    assert len(load(records, "speculative")) == 3 and len(load(records, "greedy")) == 3, "a finished pair is never redone"
+    assert len(load(records, "speculative")) == 3 and len(load(records, "greedy")) == 3, \
+        "a finished pair is never redone"
 
     # another method, another process: its own baseline measurements, never the earlier rounds
     proc = run_cli("method=lookahead", "data.limit=3", "data.max_new_tokens=8", records_dir=records)

@@ -68,7 +68,8 @@ def test_repeats_print_mean_and_std():
 def test_sweep_grid_takes_command_line_values_over_the_experiment():
     params = {"data": "gsm8k,cnndm", "method": "greedy,speculative"}
     jobs = expand_grid(params, ["data=humaneval", "method.gamma=3,5"])
-    assert jobs == [["method=greedy", "data=humaneval", "method.gamma=3"], ["method=greedy", "data=humaneval", "method.gamma=5"],
+    assert jobs == [["method=greedy", "data=humaneval", "method.gamma=3"],
+                    ["method=greedy", "data=humaneval", "method.gamma=5"],
                     ["method=speculative", "data=humaneval", "method.gamma=3"],
                     ["method=speculative", "data=humaneval", "method.gamma=5"]]
 
@@ -106,6 +107,9 @@ def table2_sweep(tmp_path_factory):
     return root
 
 
+TIMING = r"(\*\*|<u>)?[\d.]+×?( ± [\d.]+)?( \[[\d.]+, [\d.]+\])?(\*\*|</u>)?"  # a timing cell, marks included
+
+
 def normalise(markdown: str) -> list[list[str]]:
     """Table cells, with our timing columns (tok/s, speed-up: machine-dependent) reduced to '#' and their
     bold/underline marks dropped; everything else (structure, τ, identity, paper numbers) stays exact."""
@@ -115,14 +119,13 @@ def normalise(markdown: str) -> list[list[str]]:
     rows = []
     for line in lines:
         cells = [c.strip() for c in line.strip("|").split("|")]
-        rows.append(["#" if i in timing and re.fullmatch(r"(\*\*|<u>)?[\d.]+×?( ± [\d.]+)?( \[[\d.]+, [\d.]+\])?(\*\*|</u>)?", c) else c
-                     for i, c in enumerate(cells)])
+        rows.append(["#" if i in timing and re.fullmatch(TIMING, c) else c for i, c in enumerate(cells)])
     return rows
 
 
 def test_golden_markdown_table_from_a_tiny_sweep(table2_sweep, tmp_path):
-    result = render_experiment("ouroboros_table2", [*REPORT_OVERRIDES, f"runner.records_dir={table2_sweep / 'records'}"],
-                               out=tmp_path)
+    records = table2_sweep / "records"
+    result = render_experiment("ouroboros_table2", [*REPORT_OVERRIDES, f"runner.records_dir={records}"], out=tmp_path)
     expected = (GOLDEN / "ouroboros_table2_tiny.md").read_text()
     got, want = normalise(result["markdown"]), normalise(expected)
     assert len(got) == len(want), result["markdown"]
@@ -134,8 +137,8 @@ def test_golden_markdown_table_from_a_tiny_sweep(table2_sweep, tmp_path):
 
 
 def test_figures_exist_for_an_experiment_with_data(table2_sweep, tmp_path):
-    result = render_experiment("ouroboros_table2", [*REPORT_OVERRIDES, f"runner.records_dir={table2_sweep / 'records'}"],
-                               out=tmp_path)
+    records = table2_sweep / "records"
+    result = render_experiment("ouroboros_table2", [*REPORT_OVERRIDES, f"runner.records_dir={records}"], out=tmp_path)
     for name in ("speed_bars", "tau_speedup"):
         for suffix in ("png", "pdf"):
             path = result["paths"][f"{name}.{suffix}"]
@@ -150,6 +153,76 @@ def test_report_logs_a_wandb_report_run_offline(table2_sweep, tmp_path, monkeypa
     assert runs and any(p.suffix == ".wandb" for p in runs[0].rglob("*"))
 
 
+def report_cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "specbench.report", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300, env=env)
+
+
+def test_report_cli_renders_a_sweep_from_its_overrides_and_logs_to_wandb(table2_sweep, tmp_path):
+    """The report's own keys (experiment, paths, logger) beside the sweep's overrides, in sweep syntax."""
+    proc = report_cli("+experiment=ouroboros_table2", *REPORT_OVERRIDES, "method=greedy,speculative",
+                      f"paths.root={tmp_path / 'runs'}", f"paths.records={table2_sweep / 'records'}", "logger=wandb",
+                      f"logger.dir={tmp_path / 'wandb'}", env={**os.environ, "WANDB_MODE": "offline"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = {tuple(cells[:2]): cells[2:] for cells in normalise(proc.stdout)}
+    assert rows[("GSM8K", "Speculative")][0] == "#", proc.stdout      # measured: paths.records reached every cell
+    assert rows[("GSM8K", "Lookahead")][0] == "not in this sweep"     # method=greedy,speculative reached the sweep
+    md = tmp_path / "runs" / "reports" / "ouroboros_table2" / "ouroboros_table2.md"  # out: paths.reports
+    assert md.read_text().strip() == proc.stdout.strip() and f"[report] md: {md}" in proc.stderr
+    assert list((tmp_path / "runs" / "hydra" / "report").iterdir())  # Hydra's own outputs under paths.hydra
+    assert list((tmp_path / "wandb" / "wandb").glob("offline-run-*"))  # where `wandb sync` finds them
+
+
+def test_report_command_line_keeps_the_sweeps_overrides_as_written():
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from specbench.report.__main__ import command_line
+
+    flags, own, sweep = command_line(["--cfg", "job", "+experiment=ouroboros_table2", "model=embedded", "out=/o",
+                                      "method=greedy,speculative", "logger=wandb", "logger.dir=/w", "paths.root=/r",
+                                      "+experiment.disco_overrides=['disco.out_dir=x,y']", "hydra.run.dir=/h",
+                                      "data.limit=4", r"data.path='C:\\it\'s, a,b\\'"])
+    assert flags == ["--cfg", "job"]
+    assert own[:-1] == ["experiment=ouroboros_table2", "out=/o", "logger=wandb", "logger.dir=/w", "paths.root=/r",
+                        "hydra.run.dir=/h"]
+    assert sweep == ["model=embedded", "method=greedy,speculative", "paths.root=/r",
+                     "+experiment.disco_overrides=['disco.out_dir=x,y']", "data.limit=4",
+                     r"data.path='C:\\it\'s, a,b\\'"]
+    key, _, value = own[-1].partition("=")
+    assert key == "overrides" and OverridesParser.create().parse_override(own[-1]).value() == sweep
+    with pytest.raises(ConfigError, match="overrides: give the sweep's overrides"):
+        command_line(["experiment=ouroboros_table2", "overrides=['model=embedded']", "data=gsm8k"])
+
+
+@pytest.mark.parametrize("args, message", [
+    ([], "experiment=<name> is required; available: ['disco_table1'"),
+    (["experiment=ouroboros_tabel2"], "Could not find 'experiment/ouroboros_tabel2'; Available options in 'experim"),
+    (["experiment=ouroboros_table2", "data.limit=0"], "data.limit: must be a positive integer or null, got 0"),
+    (["experiment=ouroboros_table2", "method=nosuch"], "Could not find 'method/nosuch'; Available options in 'method'"),
+])
+def test_report_cli_bad_input_is_one_line_naming_the_key_and_exit_2(tmp_path, args, message):
+    proc = report_cli(*args, f"paths.root={tmp_path}")
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+    assert lines[0].startswith("specbench.report: error: ") and message in lines[0], lines[0]
+    assert not (tmp_path / "reports").exists()
+
+
+def test_report_help_lists_experiments_and_keys():
+    proc = report_cli("--help")
+    assert proc.returncode == 0
+    for text in ("experiment=NAME", "ouroboros_table2, ouroboros_table3", "out=DIR", "logger=wandb", "logger.dir=DIR",
+                 "paths.root=DIR", "data.limit=N"):
+        assert text in proc.stdout, text
+
+
+def test_report_rejects_a_bad_wandb_mode_before_any_work(tmp_path):
+    with pytest.raises(ConfigError, match="logger.mode: 'sometimes' is not one of auto"):
+        render_experiment("ouroboros_table2", [f"runner.records_dir={tmp_path}"], out=tmp_path / "reports",
+                          logger="wandb", logger_options={"mode": "sometimes"})
+    assert not (tmp_path / "reports").exists()
+
+
 def test_notebook_executes_against_tiny_records(table2_sweep, tmp_path):
     import nbformat
     from nbclient import NotebookClient
@@ -160,7 +233,8 @@ def test_notebook_executes_against_tiny_records(table2_sweep, tmp_path):
     old = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     try:
-        NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(ROOT / "notebooks")}}).execute()
+        NotebookClient(nb, timeout=300, kernel_name="python3",
+                       resources={"metadata": {"path": str(ROOT / "notebooks")}}).execute()
     finally:
         for k, v in old.items():
             os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
@@ -200,7 +274,8 @@ def test_parallel_launchers_complete_and_the_report_sees_every_job(tmp_path, lau
             records_dir=records)
     assert_clean_records(records, prompts=2, files=4, paired_jobs=3)  # jobs sharing the greedy file take turns
     exp = render_experiment("ouroboros_table2", [*REPORT_OVERRIDES, f"runner.records_dir={records}",
-                                                 "method=greedy,speculative,lookahead,ouroboros"], out=tmp_path)["experiment"]
+                                                 "method=greedy,speculative,lookahead,ouroboros"],
+                            out=tmp_path)["experiment"]
     gsm8k = [c for c in exp.cells if c.value("data.name") == "gsm8k"]
     assert len(gsm8k) == 4 and all(c.status == "ok" for c in gsm8k)
 
@@ -209,7 +284,8 @@ def test_killed_sweep_reruns_only_missing_work(tmp_path):
     records = tmp_path / "records"
     args = [sys.executable, "-m", "specbench", "-m", *TABLE2[:3], "data.limit=5", "data.max_new_tokens=64",
             f"runner.records_dir={records}", f"hydra.sweep.dir={tmp_path / 'multirun'}", "runner.progress=false"]
-    proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
     deadline = time.time() + 240
     while time.time() < deadline and proc.poll() is None:
         lookahead = list(records.rglob("lookahead-*.jsonl"))  # the third job of five has started writing
@@ -221,7 +297,8 @@ def test_killed_sweep_reruns_only_missing_work(tmp_path):
     before = record_lines(records)
     done = {n: rows for n, rows in before.items() if len(rows) == 5 and not n.startswith("greedy")}
     assert any(n.startswith("speculative") for n in done)
-    assert sum(json.loads(r)["pairing"]["round"] is None for r in next(v for n, v in before.items() if n.startswith("greedy"))) == 5
+    greedy = next(v for n, v in before.items() if n.startswith("greedy"))
+    assert sum(json.loads(r)["pairing"]["round"] is None for r in greedy) == 5
     assert not any(n.startswith("ouroboros_warm") for n in before), "the sweep must be cut mid-way"
 
     rerun = run_cli("-m", *TABLE2[:3], "data.limit=5", "data.max_new_tokens=64", records_dir=records)

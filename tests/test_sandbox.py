@@ -1,6 +1,5 @@
 """The code-execution sandbox: each hostile program ends as a failed sample with a reason, and nothing
 outside its temporary directory changes."""
-import os
 import socket
 import subprocess
 import threading
@@ -221,7 +220,8 @@ def test_the_proof_token_cannot_be_reached(harness_dir, source):
 # --- no escape through ordinary calls ------------------------------------------------------------------
 
 @pytest.mark.parametrize("template", [
-    "import os\nfd = os.open({dir!r}, os.O_RDONLY)\nos.close(os.open('created.txt', os.O_CREAT | os.O_WRONLY, dir_fd=fd))",
+    "import os\nfd = os.open({dir!r}, os.O_RDONLY)\n"
+    "os.close(os.open('created.txt', os.O_CREAT | os.O_WRONLY, dir_fd=fd))",
     "import os\nfd = os.open({dir!r}, os.O_RDONLY)\nos.remove('run.jsonl', dir_fd=fd)",
     "import os\nos.mkdir('a')\nfd = os.open('a', os.O_RDONLY)\nos.remove({rel!r}, dir_fd=fd)",
     "import os\nos.mknod({dir!r} + '/node')",
@@ -249,7 +249,8 @@ def test_records_outside_the_working_directory_are_not_readable(tmp_path, monkey
     (records / "run.jsonl").write_text('{"secret": "answer"}\n')
     monkeypatch.setattr(sandbox, "PROTECTED_PATHS", set())
     sandbox.protect_path(records)  # what the runner does with runner.records_dir
-    for source in (f"print(open({str(records / 'run.jsonl')!r}).read())", f"import os\nprint(os.listdir({str(records)!r}))"):
+    for source in (f"print(open({str(records / 'run.jsonl')!r}).read())",
+                   f"import os\nprint(os.listdir({str(records)!r}))"):
         result = run_program(source, FAST)
         assert result.status == "failed" and "answer" not in result.stdout and "run.jsonl" not in result.stdout
 

@@ -116,7 +116,8 @@ def test_humaneval_completion_is_cut_at_stop_and_chat_code_block_is_used():
     score = get_scorer("humaneval_pass").fn
     trailing = row["canonical_solution"] + "\n\ndef unrelated(:\n    broken syntax"
     assert score([trailing], example)["pass"] == 1.0  # cut at "\ndef"
-    chat = ("Here is the function:\n\n```python\nfrom typing import List\n\n\ndef has_close_elements(numbers, threshold):\n"
+    chat = ("Here is the function:\n\n```python\nfrom typing import List\n\n\n"
+            "def has_close_elements(numbers, threshold):\n"
             "    return any(abs(a - b) < threshold for i, a in enumerate(numbers) for b in numbers[i + 1:])\n```\n"
             "It compares every pair.")
     assert fenced_code(chat, "has_close_elements").startswith("from typing import List")
@@ -131,7 +132,8 @@ def test_mbpp_pass_on_a_hand_written_row():
            "test_list": ["assert add(1, 2) == 3", "assert add(-1, 1) == 0"]}
     example = Example(id="2", turns=["..."], row=row)
     score = get_scorer("mbpp_pass").fn
-    assert score(["def add(a, b):\n    return a + b\n\nassert add(0, 0) == 1"], example)["pass"] == 1.0  # cut at \nassert
+    # cut at \nassert
+    assert score(["def add(a, b):\n    return a + b\n\nassert add(0, 0) == 1"], example)["pass"] == 1.0
     assert score(["```python\ndef add(a, b):\n    return a + b\n```"], example)["pass"] == 1.0
     assert score(["def add(a, b):\n    return a - b\n"], example)["pass"] == 0.0
     solution, tests = mbpp_program("def add(a, b): return a + b", row["test_list"])

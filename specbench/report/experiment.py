@@ -156,9 +156,9 @@ def cells_frame(exp: Experiment):
     for cell in exp.cells:
         s = cell.summary
         rows.append({**{k: cell.value(k) for k in exp.keys}, "status": cell.status, "run_key": cell.spec.key,
-                     **{k: s.get(k) for k in ("prompts", "repeats", "tok_per_s", "tok_per_s_std", "speedup", "speedup_std",
-                                               "ms_per_token", "tau", "acceptance_rate", "identical", "compared",
-                                               "accuracy_primary", "mean_sl")}})
+                     **{k: s.get(k) for k in ("prompts", "repeats", "tok_per_s", "tok_per_s_std", "speedup",
+                                               "speedup_std", "ms_per_token", "tau", "acceptance_rate", "identical",
+                                               "compared", "accuracy_primary", "mean_sl")}})
     return pd.DataFrame(rows)
 
 

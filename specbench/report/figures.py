@@ -59,7 +59,8 @@ def speed_panels(exp) -> dict[str, dict[tuple, float]]:
         for e in exp.published:
             if "tok_per_s" in e.values and e.keys.get("model.name") and e.keys.get("method.name"):
                 pair = label_of(exp, "model.name", e.keys["model.name"])
-                panels.setdefault(f"{pair} (paper)", {})[(e.keys.get("data.name"), e.keys["method.name"])] = e.values["tok_per_s"]
+                key = (e.keys.get("data.name"), e.keys["method.name"])
+                panels.setdefault(f"{pair} (paper)", {})[key] = e.values["tok_per_s"]
     return panels
 
 
@@ -83,7 +84,8 @@ def speed_bars(exp, out_dir: Path) -> list[Path]:
             gain = [max(w - c, 0.0) if w is not None else 0.0 for w, c in zip(warm, cold)]
             if any(gain):  # the paper's Fig. 4: the warm-start gain shaded on top of the cold bar
                 handles[label_of(exp, "method.name", method + WARM_SUFFIX) + ": warm-start gain"] = ax.bar(
-                    xs, gain, width, bottom=cold, color=f"C{j}", alpha=0.45, hatch="//", edgecolor="black", linewidth=0.4)
+                    xs, gain, width, bottom=cold, color=f"C{j}", alpha=0.45, hatch="//", edgecolor="black",
+                    linewidth=0.4)
             slower = [(x, w) for x, w, c in zip(xs, warm, cold) if w is not None and w < c]
             if slower:  # warm start measured slower: a marker at the warm speed instead
                 handles[label_of(exp, "method.name", method + WARM_SUFFIX) + ": slower than cold"] = ax.scatter(
@@ -105,7 +107,8 @@ def topk_curve(exp, out_dir: Path) -> list[Path]:
     ax = fig.subplots()
     lines = defaultdict(list)
     for c in cells:
-        lines[(c.spec.pair, label_of(exp, "data.name", c.value("data.name")))].append((c.value("method.top_k"), c.summary["tok_per_s"]))
+        lines[(c.spec.pair, label_of(exp, "data.name", c.value("data.name")))].append(
+            (c.value("method.top_k"), c.summary["tok_per_s"]))
     for (pair, task), points in lines.items():
         points.sort()
         ax.plot([k for k, _ in points], [v for _, v in points], marker="o", label=f"{task} ({pair})")
@@ -128,7 +131,8 @@ def match_k_bars(exp, out_dir: Path) -> list[Path]:
     for j, ((pair, task), s) in enumerate(stats.items()):
         xs = [i + (j - (len(stats) - 1) / 2) * width for i in range(len(keys))]
         ax.bar(xs, [s.get(k, 0.0) for k in keys], width, label=f"{task} ({pair})")
-    ax.set_xticks(range(len(keys)), ["len(LCP)" if k == "lcp" else f"#Match-{k.split('_')[1]}\n(discarded)" for k in keys])
+    ax.set_xticks(range(len(keys)),
+                  ["len(LCP)" if k == "lcp" else f"#Match-{k.split('_')[1]}\n(discarded)" for k in keys])
     decorate(ax, exp, "", "tokens per rejected step (mean)", grid="y")
     return save(fig, out_dir, "match_k_bars")
 
@@ -171,7 +175,8 @@ def tau_speedup(exp, out_dir: Path) -> list[Path]:
         ax.scatter([e.values["tau"] for e in mine], [e.values["speedup"] for e in mine], label=group)
         for e in mine:
             name = " / ".join(label_of(exp, k, e.keys.get(k)) or "–" for k in name_keys)
-            ax.annotate(name, (e.values["tau"], e.values["speedup"]), fontsize=6, xytext=(3, 3), textcoords="offset points")
+            ax.annotate(name, (e.values["tau"], e.values["speedup"]), fontsize=6, xytext=(3, 3),
+                        textcoords="offset points")
     ax.axhline(1.0, color="grey", lw=0.8, ls="--")
     decorate(ax, exp, "τ (tokens per target forward)", "speed-up vs greedy")
     return save(fig, out_dir, "tau_speedup")

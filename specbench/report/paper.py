@@ -56,7 +56,8 @@ def cell_entry(spec, cell: Cell, keys: list[str]) -> Entry:
     repeats = s.get("repeats", 1) > 1
     entry.values = {"tok_per_s": s.get("tok_per_s"), "speedup": s.get("speedup"), "ms_per_token": s.get("ms_per_token"),
                     "tau": s.get("tau"), "acceptance_rate": s.get("acceptance_rate"),
-                    "accuracy": s.get("accuracy_primary"), "mean_sl": s.get("mean_sl"), "identical": identical_text(cell),
+                    "accuracy": s.get("accuracy_primary"), "mean_sl": s.get("mean_sl"),
+                    "identical": identical_text(cell),
                     **match_stats(cell.records)}
     if s.get("speedup") is None and not s.get("is_baseline"):
         entry.values["speedup"] = "no baseline"
@@ -75,7 +76,8 @@ def published_entries(spec, keys: list[str]) -> list[Entry]:
         return []
     path = PUBLISHED_DIR / name
     if not path.exists():
-        raise ConfigError(f"experiment.published: no file {path}; available: {sorted(p.name for p in PUBLISHED_DIR.glob('*.csv'))}")
+        available = sorted(p.name for p in PUBLISHED_DIR.glob("*.csv"))
+        raise ConfigError(f"experiment.published: no file {path}; available: {available}")
     with open(path) as fh:
         rows = list(csv.DictReader(line for line in fh if not line.startswith("#")))
     entries: dict[tuple, Entry] = {}

@@ -4,6 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import ConfigError
+from ..tracking import WANDB_MODES
 from .disco import disco_entries
 from .experiment import hydra_context, load_experiment
 from .figures import FIGURES
@@ -12,10 +13,17 @@ from .tables import to_markdown
 
 
 def render_experiment(name: str, overrides: list[str] | None = None, out: Path = Path("runs/reports"),
-                      limit: int | None = None, logger: str | None = None, logger_dir: Path | None = None) -> dict:
-    """Returns {"table", "markdown", "paths" (kind -> file), "experiment"}."""
+                      limit: int | None = None, logger: str | None = None, logger_dir: Path | None = None,
+                      logger_options: dict | None = None) -> dict:
+    """Returns {"table", "markdown", "paths" (kind -> file), "experiment"}.
+
+    logger_options: W&B's project, entity and mode for ``logger="wandb"`` (conf/logger/wandb.yaml's keys).
+    """
     if logger not in (None, "none", "wandb"):  # before any work
         raise ConfigError(f"logger={logger!r}: the report logs to wandb or nowhere (logger=wandb|none)")
+    logger_options = dict(logger_options or {})
+    if logger == "wandb" and logger_options.get("mode", "auto") not in WANDB_MODES:
+        raise ConfigError(f"logger.mode: {logger_options['mode']!r} is not one of {', '.join(WANDB_MODES)}")
     exp = load_experiment(name, overrides, limit)
     ours = None
     if exp.spec.get("pipeline"):
@@ -32,5 +40,5 @@ def render_experiment(name: str, overrides: list[str] | None = None, out: Path =
     if logger == "wandb":
         from ..tracking import log_report
         log_report(name, table, [p for k, p in paths.items() if k.endswith(".png")],
-                   dir=str(logger_dir or "runs/wandb"))
+                   dir=str(logger_dir or "runs/wandb"), **logger_options)
     return {"table": table, "markdown": to_markdown(table), "paths": paths, "experiment": exp}

@@ -138,7 +138,8 @@ def build_table(spec, ours: list[Entry], paper: list[Entry], known_methods: set[
             where = {**dict(zip(row_keys, r)), **dict(zip(col_keys, g)), "source": source, "metric": m}
             if e is not None and e.status == "ok" and m in e.values:
                 low, high = e.intervals.get(m) or (None, None)
-                tidy.append({**where, "value": e.values.get(m), "std": e.stds.get(m), "ci95_low": low, "ci95_high": high})
+                tidy.append({**where, "value": e.values.get(m), "std": e.stds.get(m), "ci95_low": low,
+                             "ci95_high": high})
             elif source == "ours" and e is not None:
                 tidy.append({**where, "value": None, "std": None, "status": e.status})
         body.append(line)
@@ -164,7 +165,8 @@ def cell_text(e: Entry | None, source: str, metric: str, row, row_keys, known_me
         return e.status
     if metric not in e.values or e.values[metric] is None:
         return "–"
-    text = number_text(e.values[metric], e.stds.get(metric), METRICS.get(metric, Metric(metric)), e.intervals.get(metric))
+    text = number_text(e.values[metric], e.stds.get(metric), METRICS.get(metric, Metric(metric)),
+                       e.intervals.get(metric))
     return {"best": f"**{text}**", "second": f"<u>{text}</u>"}.get(mark, text)
 
 
@@ -225,7 +227,8 @@ def to_latex(table: Table) -> str:
     lines = [r"\begin{table}[t]", r"\centering", r"\small",
              r"\begin{tabular}{" + "l" * n_keys + "r" * (len(table.header) - n_keys) + "}", r"\toprule"]
     if any(title for title, _ in table.groups):
-        top = [""] * n_keys + [rf"\multicolumn{{{span}}}{{c}}{{{latex_escape(title)}}}" for title, span in table.groups if span]
+        top = [""] * n_keys + [rf"\multicolumn{{{span}}}{{c}}{{{latex_escape(title)}}}"
+                               for title, span in table.groups if span]
         lines.append(" & ".join(top) + r" \\")
     lines.append(" & ".join(latex_escape(h) for h in table.header) + r" \\")
     lines.append(r"\midrule")

@@ -51,7 +51,8 @@ def mbpp_program(completion: str, tests: list[str], setup: str = "", imports: li
 
 
 def _execute(program: list[tuple[str, str]], timeout_s: float, memory_mb: int, isolate_network: bool) -> dict:
-    result = run_program(program, SandboxLimits(timeout_s=timeout_s, memory_mb=memory_mb, isolate_network=isolate_network))
+    limits = SandboxLimits(timeout_s=timeout_s, memory_mb=memory_mb, isolate_network=isolate_network)
+    result = run_program(program, limits)
     return {"pass": float(result.passed), "status": result.status, "reason": result.reason,
             "isolation": result.isolation, "proof": result.proof}
 

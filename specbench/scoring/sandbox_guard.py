@@ -98,7 +98,8 @@ def make_audit_hook(workdir, deny_read, allow_read, own_proc):
     creation, signals, sockets, native code, frames — depend on nothing else; the path checks call
     ``os.path`` functions the program could replace, which is why the read-only mounts exist."""
     refuse, under, resolve, isdir = globals()["refuse"], globals()["under"], globals()["resolve"], os.path.isdir
-    refused, frame_attributes, refused_imports = frozenset(REFUSED), frozenset(FRAME_ATTRIBUTES), frozenset(REFUSED_IMPORTS)
+    refused, frame_attributes = frozenset(REFUSED), frozenset(FRAME_ATTRIBUTES)
+    refused_imports = frozenset(REFUSED_IMPORTS)
     changes, reads, secret_proc, write_flags = dict(CHANGES), dict(READS), frozenset(SECRET_PROC), WRITE_FLAGS
 
     def check_read(event, path):
@@ -188,7 +189,7 @@ def main():
     with os.fdopen(POLICY["proof_fd"], "rb") as fh:
         token = fh.read()
     active = []
-    isolate_process(POLICY, active)
+    isolate_process(POLICY, active)  # noqa: F821 - defined in sandbox_isolation.py, whose source runs before this one
     set_limits(active)
     stages = read_stages()
     run, write, exit_now, err, explain, flush_streams = exec, os.write, os._exit, sys.stderr, describe, flush
