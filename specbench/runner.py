@@ -6,13 +6,16 @@ between the turns of one conversation. A multi-turn example (MT-Bench) generates
 prompt holding the earlier answers; its record sums time and counters over turns and keeps each turn in
 ``turns``.
 
-Pairing (DESIGN §2.9). On a shared machine the load drifts over minutes, so a baseline timed minutes
-apart from the method measures the load, not the method. ``run`` takes several entries: the first is the
-baseline, and each (prompt, repeat) is one **round** in which the baseline and every entry still missing
-that record are timed back to back, in the same process on the same loaded weights, the order rotated
-from round to round. The round's records share a round id, and speed-up is computed from these pairs
-(metrics.py). A baseline record serves only the entries of its own round: another process, or another
-run in this one, measures its own baseline again.
+Pairing (README, *Speed-up: paired, interleaved baselines*). On a shared machine the load drifts over
+minutes, so a baseline timed minutes apart from the method measures the load, not the method. ``run`` takes
+several entries: the first is the baseline, and each (prompt, repeat) is one **round** in which the baseline
+and every entry still missing that record are timed back to back, in the same process on the same loaded
+weights, the order rotated from round to round. The round's records share a round id, and speed-up is
+computed from these pairs (metrics.py). A baseline record serves only the entries of its own round: another
+process, or another run in this one, measures its own baseline again.
+
+Warm start (``Runner.state_before``): a method that carries state from prompt to prompt starts prompt i from
+the state measured prompts 0..i-1 left, in dataset order, whatever the warm-up, the repeats or a resume did.
 """
 from __future__ import annotations
 
@@ -48,7 +51,8 @@ class RunSpec:
 
     @property
     def store(self) -> RecordStore:
-        return RecordStore(self.records_dir / slug(self.pair) / slug(self.data) / f"{slug(self.method)}-{self.key}.jsonl")
+        name = f"{slug(self.method)}-{self.key}.jsonl"
+        return RecordStore(self.records_dir / slug(self.pair) / slug(self.data) / name)
 
     def records_for(self, examples: list[Example]) -> list[dict]:
         """This run's stored records for the given prompts (the store may hold more prompts)."""
@@ -94,6 +98,8 @@ class Runner:
         self.tracker = tracker
         self.stopwatch = Stopwatch(pair.device)
         self.order_offset = 0
+        self.examples: list[Example] = []  # the dataset being run, in order (warm-start replays read it)
+        self.states: dict[tuple[int, str], dict[int, object]] = {}  # (method, run) -> {i: state before prompt i}
         self.env = {**environment(pair.device), "threads": threads}
 
     def run(self, entries: list[Entry], examples: list[Example], warmup_example: Example,
@@ -116,7 +122,8 @@ class Runner:
             return self._run(entries, examples, warmup_example, reference)
 
     def _run(self, entries, examples, warmup_example, reference):
-        base, others = entries[0], entries[1:]
+        self.examples = examples
+        others = entries[1:]
         previous = [e.spec.records_for(examples) for e in entries]
         units = list(range(1, len(entries))) or [0]  # entries whose records decide what is left to do
         done = {i: {(r["prompt_id"], r["repeat"]) for r in previous[i]} for i in units}
@@ -214,14 +221,13 @@ class Runner:
         return self.pair.encode(messages if conversation else messages[-1]["content"], chat=self.chat)
 
     def measure(self, method: DecodingMethod, spec: RunSpec, example: Example, index: int, repeat: int) -> Measurement:
+        state = self.state_before(method, spec, index) if method.carries_state else None  # (may replay first)
         method.reset(self.seed + index)
-        messages, turns, prompts = [], [], []
-        for text in example.turns:
-            messages.append({"role": "user", "content": text})
-            prompts.append(self.encode(messages, len(example.turns) > 1))
-            turn = self.measure_turn(method, prompts[-1])
-            messages.append({"role": "assistant", "content": turn["output_text"]})
-            turns.append(turn)
+        if method.carries_state:
+            method.restore_state(state)
+        turns, prompts = self.generate_turns(method, example)
+        if method.carries_state:
+            self.states[(id(method), spec.key)].setdefault(index + 1, method.carried_state())
         record = {
             "schema": SCHEMA_VERSION,
             "run_key": spec.key,
@@ -242,6 +248,35 @@ class Runner:
         if len(turns) > 1:
             record["turns"] = turns
         return Measurement(record, prompts)
+
+    def generate_turns(self, method: DecodingMethod, example: Example) -> tuple[list[dict], list[list[int]]]:
+        """Each turn generated (and timed) in turn, its prompt holding the earlier turns' answers."""
+        messages, turns, prompts = [], [], []
+        for text in example.turns:
+            messages.append({"role": "user", "content": text})
+            prompts.append(self.encode(messages, len(example.turns) > 1))
+            turn = self.measure_turn(method, prompts[-1])
+            messages.append({"role": "assistant", "content": turn["output_text"]})
+            turns.append(turn)
+        return turns, prompts
+
+    def state_before(self, method: DecodingMethod, spec: RunSpec, index: int):
+        """Warm start, defined (for a method that ``carries_state``): prompt i starts from the state the measured
+        prompts 0..i-1 of the dataset left, in dataset order; never from the warm-up, nor from an earlier repeat
+        of prompt i (every repeat starts from the same state), nor from whatever a resumed process measured
+        first. The states before each prompt are kept in memory; those this process lacks (its earlier prompts
+        were measured by another one) are rebuilt by replaying these prompts, untimed and unrecorded."""
+        states = self.states.setdefault((id(method), spec.key), {0: None})
+        known = max(i for i in states if i <= index)
+        if known < index:
+            print(f"[specbench] {spec.method}: rebuilding the warm-start state by replaying prompts "
+                  f"{known}..{index - 1} (measured by an earlier process) untimed", file=sys.stderr)
+        for i in range(known, index):
+            method.reset(self.seed + i)
+            method.restore_state(states[i])
+            self.generate_turns(method, self.examples[i])
+            states[i + 1] = method.carried_state()
+        return states[index]
 
     def score(self, example: Example, record: dict) -> None:
         """The dataset's task score into the record; never raises (failures are recorded)."""

@@ -32,7 +32,13 @@ def test_cli_run_writes_records_and_summary(tmp_path):
     assert 0 < rec["prefill_s"] < rec["wall_s"]
     assert [r["output_ids"] for r in spec] == [r["output_ids"] for r in greedy]
     summary = json.loads(next(records.rglob("speculative-*.summary.json")).read_text())
-    assert summary["identical"] == 3 and summary["compared"] == 3 and summary["speedup"] > 0
+    assert summary["identical"] == 3 and summary["compared"] == 3
+    # the summary's numbers are the records' (pairs by round id: baseline wall / method wall, mean over prompts)
+    by_round = {r["pairing"]["round"]: r["wall_s"] for r in greedy}
+    ratios = [by_round[r["pairing"]["round"]] / r["wall_s"] for r in spec]
+    assert abs(summary["speedup"] - sum(ratios) / 3) < 1e-9
+    steps = [n for r in spec for n in r["accept_lengths"]]
+    assert abs(summary["tau"] - sum(steps) / len(steps)) < 1e-9 and sum(steps) == sum(r["new_tokens"] for r in spec)
 
 
 def test_rerun_resumes_and_larger_limit_adds_only_new_prompts(tmp_path):
@@ -75,7 +81,8 @@ def test_interrupted_run_keeps_finished_records_and_does_not_redo_them(tmp_path)
 
 def test_multirun_sweep_with_basic_launcher(tmp_path):
     records = tmp_path / "records"
-    run_cli("-m", "method=greedy,speculative,hf_assisted", "data.limit=2", "data.max_new_tokens=12", records_dir=records)
+    run_cli("-m", "method=greedy,speculative,hf_assisted", "data.limit=2", "data.max_new_tokens=12",
+            records_dir=records)
     for method in ("speculative", "hf_assisted"):
         assert len(load_records(records, method)) == 2
     greedy = load_records(records, "greedy")

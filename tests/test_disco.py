@@ -95,7 +95,8 @@ def test_threshold_tuning_picks_the_latency_minimising_value_on_a_synthetic_tabl
     assert len(candidates) == 6 and candidates[1] == {"method.policy.threshold": 0.3, "method.policy.sl_max": 16}
     latency = {(0.3, 8): 31.0, (0.3, 16): 30.5, (0.5, 8): 27.25, (0.5, 16): 28.0, (0.7, 8): 29.0, (0.7, 16): None}
     table = [{"settings": c, "ms_per_token": latency[tuple(c.values())]} for c in candidates]
-    assert best_candidate(table, "ms_per_token")["settings"] == {"method.policy.threshold": 0.5, "method.policy.sl_max": 8}
+    assert best_candidate(table, "ms_per_token")["settings"] == {"method.policy.threshold": 0.5,
+                                                                 "method.policy.sl_max": 8}
     tie = [{"settings": {"g": 3}, "ms_per_token": 10.0}, {"settings": {"g": 4}, "ms_per_token": 10.0}]
     assert best_candidate(tie, "ms_per_token")["settings"] == {"g": 3}  # first listed wins a tie
     speedups = [{"settings": {"g": 2}, "speedup": 1.1}, {"settings": {"g": 3}, "speedup": 1.3}, {"settings": {"g": 4}}]
@@ -205,6 +206,9 @@ def test_pipeline_end_to_end_on_the_tiny_pair_and_resume(tmp_path):
     for r in rows[1:]:
         assert r["identical"] == r["compared"] == "4", r  # every SL policy is lossless on the test split
         assert float(r["ms_per_token"]) > 0 and float(r["speedup"]) > 0
+    oracle = json.loads((out / "oracle_sl.json").read_text())
+    # the oracle drafts exactly what the target accepts: Table 1's mean SL (drafted) is Table 3's (accepted)
+    assert abs(float(rows[5]["mean_sl"]) - oracle["mean"]) < 0.006, (rows[5], oracle["mean"])
     assert rows[2]["settings"] == "γ=5" and rows[4]["settings"].startswith("τ=")
     tuning = json.loads((out / "tuning.json").read_text())
     assert len(tuning["candidates"]) == 2 + 2 + 1

@@ -83,6 +83,5 @@ def test_oracle_needs_greedy_decoding():
     from specbench.errors import ConfigError
     from specbench.methods.sl_policies import OracleSL
 
-    method = SpeculativeDecoding(pair_for("llama", 0.05), "oracle_sl", policy=OracleSL(8), temperature=0.8)
-    with pytest.raises(ConfigError, match="sampling.temperature"):
-        method.prepare([5, 6], 8, set())
+    with pytest.raises(ConfigError, match="sampling.temperature"):  # when the method is built, before any work
+        SpeculativeDecoding(pair_for("llama", 0.05), "oracle_sl", policy=OracleSL(8), temperature=0.8)

@@ -13,11 +13,17 @@ from .token_tree import tree_inputs
 
 
 class CachedLM:
-    """Wraps a Hugging Face causal LM (batch size 1) and owns its DynamicCache."""
+    """Wraps a Hugging Face causal LM (batch size 1) and owns its DynamicCache.
 
-    def __init__(self, model: torch.nn.Module):
+    vocab: the vocabulary the returned logits are laid out in, when it is not the model's own (a draft whose
+    padded vocabulary differs from the target's, e.g. CodeLlama 34B 32000 / 7B 32016): logits are cut to it,
+    or padded with -inf (ids the model does not have get probability 0 and are never its argmax).
+    """
+
+    def __init__(self, model: torch.nn.Module, vocab: int | None = None):
         self.model = model
-        self.device = next(model.parameters()).device
+        self.vocab = vocab
+        self.device = next(model.parameters()).device  # where input ids go (the embedding's device)
         self.cache = None
         self.sizes: list[int] = []  # tokens fed per model call since reset(), in order
 
@@ -57,7 +63,7 @@ class CachedLM:
         out = self.model(input_ids=input_ids, past_key_values=self.cache, use_cache=True, **kwargs)
         self.cache = out.past_key_values
         self.sizes.append(len(ids))
-        return out.logits[0].float()
+        return fit_vocabulary(out.logits[0].float(), self.vocab)
 
     def crop(self, new_length: int) -> None:
         """Drop cache entries past ``new_length`` (transformers 5: crop takes a negative count)."""
@@ -68,7 +74,25 @@ class CachedLM:
 
     def keep_positions(self, positions: Sequence[int] | torch.Tensor) -> None:
         """Keep only the given cache positions, in order (for non-contiguous accepted paths)."""
-        index = torch.as_tensor(positions, dtype=torch.long, device=self.device)
+        index = torch.as_tensor(positions, dtype=torch.long)
+        on_device: dict[torch.device, torch.Tensor] = {}  # with device_map=auto, layers sit on several GPUs
         for layer in self.cache.layers:
-            layer.keys = layer.keys.index_select(-2, index)
-            layer.values = layer.values.index_select(-2, index)
+            device = layer.keys.device
+            if device not in on_device:
+                on_device[device] = index.to(device)
+            layer.keys = layer.keys.index_select(-2, on_device[device])
+            layer.values = layer.values.index_select(-2, on_device[device])
+
+
+def fit_vocabulary(logits: torch.Tensor, vocab: int | None) -> torch.Tensor:
+    """(n, V_model) logits -> (n, vocab): cut, or padded with -inf (see CachedLM)."""
+    if vocab is None or logits.shape[-1] == vocab:
+        return logits
+    if logits.shape[-1] > vocab:
+        return logits[..., :vocab]
+    return torch.nn.functional.pad(logits, (0, vocab - logits.shape[-1]), value=float("-inf"))
+
+
+def draft_lm(pair) -> CachedLM:
+    """The pair's draft, its logits laid out in the target's vocabulary (ModelPair.vocab_size)."""
+    return CachedLM(pair.draft, vocab=pair.vocab_size)

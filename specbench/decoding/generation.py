@@ -47,7 +47,7 @@ class Generation:
 
 
 def finalize_tokens(tokens: Iterable[int], max_new_tokens: int, eos_ids: set[int]) -> list[int]:
-    """Token accounting shared by all methods (DESIGN §2.3).
+    """Token accounting shared by all methods (README, *Methods*: the token-accounting rule).
 
     Keep tokens up to and including the first EOS, then cap at max_new_tokens. Methods that
     overshoot (a bonus token after EOS, a draft past the budget) are truncated here.

@@ -29,6 +29,14 @@ class NGramPool:
     def clear(self) -> None:
         self._table.clear()
 
+    def snapshot(self) -> dict[int, list[tuple[int, ...]]]:
+        """A copy of the pool (each key's suffixes oldest first), for ``restore``."""
+        return {key: list(suffixes) for key, suffixes in self._table.items()}
+
+    def restore(self, snapshot: dict[int, list[tuple[int, ...]]] | None) -> None:
+        """Make the pool what ``snapshot`` was (None: empty)."""
+        self._table = {key: OrderedDict.fromkeys(suffixes) for key, suffixes in (snapshot or {}).items()}
+
     def insert(self, phrase: Sequence[int]) -> bool:
         """Add c_1..c_β (newest); True when it was not in the pool before."""
         if len(phrase) != self.n:

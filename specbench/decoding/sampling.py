@@ -24,7 +24,8 @@ class Sampler:
         return self.temperature == 0.0
 
     def reset(self, seed: int) -> None:
-        self.generator.manual_seed(int(seed))
+        self.seed = int(seed)
+        self.generator.manual_seed(self.seed)
 
     def probs(self, logits: torch.Tensor) -> torch.Tensor:
         """(n, V) logits -> (n, V) float32 probabilities after temperature and top-p (nucleus)."""

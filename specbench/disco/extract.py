@@ -32,12 +32,13 @@ def extract_prompt(pair, prompt_ids: list[int], max_new_tokens: int, eos_ids: se
     """Target tokens, per-token features (n, k+2), agreement labels and TV distances for one prompt."""
     tokens = Greedy(pair, "disco-extract").generate(prompt_ids, max_new_tokens, eos_ids).tokens
     draft_logits = teacher_forced_logits(pair.draft, prompt_ids, tokens)  # y^D_j, (n, V)
-    target_logits = teacher_forced_logits(pair.target, prompt_ids, tokens)  # y^T_j, (n, V)
+    # y^T_j, (n, V), beside the draft's (with device_map=auto the two models' outputs may sit on other devices)
+    target_logits = teacher_forced_logits(pair.target, prompt_ids, tokens).to(draft_logits.device)
     vocab = min(draft_logits.shape[-1], target_logits.shape[-1])  # padded vocabularies may differ in size
     draft_probs = torch.softmax(draft_logits[:, :vocab], dim=-1)
     target_probs = torch.softmax(target_logits[:, :vocab], dim=-1)
     features = disco_features(draft_logits, torch.arange(len(tokens)), top_k)
-    labels = (draft_logits.argmax(-1) == torch.tensor(tokens)).int()
+    labels = (draft_logits.argmax(-1) == torch.tensor(tokens, device=draft_logits.device)).int()
     tv = 0.5 * (draft_probs - target_probs).abs().sum(-1)
     return {"tokens": tokens, "features": features.tolist(), "labels": labels.tolist(), "tv": tv.tolist()}
 

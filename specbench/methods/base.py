@@ -23,7 +23,11 @@ class NoTimeline:
 
 
 class DecodingMethod:
-    """Given prompt ids and a budget, produce new token ids and raw counters."""
+    """Given prompt ids and a budget, produce new token ids and raw counters.
+
+    ``__init__`` validates every setting (ConfigError naming the key) before it reads anything of the pair but
+    ``name`` and ``draft``: before any model loads, the CLI builds each configured method once with a stand-in
+    pair that has only those two (config_check.ConfigOnlyPair; reading more ends that early build there)."""
 
     needs_draft = False
 
@@ -31,7 +35,8 @@ class DecodingMethod:
         require(temperature >= 0, "sampling.temperature", f"must be >= 0, got {temperature}")
         require(0 < top_p <= 1, "sampling.top_p", f"must be in (0, 1], got {top_p}")
         if self.needs_draft:
-            require(pair.draft is not None, "model", f"method '{name}' needs a draft model; pair '{pair.name}' has none")
+            require(pair.draft is not None, "model",
+                    f"method '{name}' needs a draft model; pair '{pair.name}' has none")
         self.pair = pair
         self.name = name
         self.sampler = Sampler(temperature, top_p, seed)
@@ -39,6 +44,21 @@ class DecodingMethod:
     def reset(self, seed: int = 0) -> None:
         """Drop per-prompt state and reseed sampling; called by the runner before every prompt."""
         self.sampler.reset(seed)
+
+    @property
+    def carries_state(self) -> bool:
+        """True when something the method learns on one prompt is used on the next (a warm n-gram pool, a
+        persistent SL schedule). The runner then defines what each prompt starts from (``restore_state``):
+        the state left by the measured prompts before it in dataset order, never by the warm-up, by another
+        repeat or by the order a resumed run happens to measure in."""
+        return False
+
+    def carried_state(self):
+        """A snapshot of what carries over to the next prompt (only called when ``carries_state``)."""
+        return None
+
+    def restore_state(self, state) -> None:
+        """Start the next prompt from ``state`` (a ``carried_state`` snapshot; None: as a new method)."""
 
     def prepare(self, prompt_ids: Sequence[int], max_new_tokens: int, eos_ids: set[int]) -> None:
         """Untimed work before a generation; the runner calls it before starting the clock. Only oracles

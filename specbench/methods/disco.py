@@ -37,7 +37,8 @@ def disco_features(draft_logits: torch.Tensor, positions: torch.Tensor | int, to
     if top.shape[-1] < top_k:  # a vocabulary smaller than k (tiny test models): pad with zero probabilities
         top = torch.nn.functional.pad(top, (0, top_k - top.shape[-1]))
     entropy = -(probs * log_probs).nan_to_num().sum(-1, keepdim=True)  # 0 * log 0 = 0
-    position = torch.as_tensor(positions, dtype=torch.float32).expand(entropy.shape[:-1]).unsqueeze(-1)
+    position = torch.as_tensor(positions, dtype=torch.float32, device=entropy.device)
+    position = position.expand(entropy.shape[:-1]).unsqueeze(-1)
     return torch.cat([top, entropy, position], dim=-1)
 
 
@@ -116,6 +117,8 @@ class DiscoSL(StaticSL):
         self.threshold = float(threshold)
 
     def keep_drafting(self, position: int, draft_logits: torch.Tensor, token: int) -> bool:
+        if self.classifier.mean.device != draft_logits.device:  # loaded on the CPU; the draft may be on a GPU
+            self.classifier.to(draft_logits.device)
         # the feature i: d_i's place in the generated output, as in extraction
         features = disco_features(draft_logits, self.output_index(position), self.classifier.top_k).unsqueeze(0)
         return float(self.classifier.confidence(features)[0]) >= self.threshold

@@ -15,7 +15,10 @@ import copy
 import torch
 
 from ..decoding.generation import Generation, finalize_tokens
+from ..errors import require
 from .base import DecodingMethod, NoTimeline, positive_int
+
+SCHEDULES = ("constant", "heuristic", "heuristic_transient")  # transformers' num_assistant_tokens_schedule
 
 
 class CallCounter:
@@ -46,9 +49,15 @@ class HFAssisted(DecodingMethod):
                  confidence_threshold: float = 0.0, **sampling):
         super().__init__(pair, name, **sampling)
         self.gamma = positive_int(gamma, "method.gamma", "num_assistant_tokens, γ")
+        require(schedule in SCHEDULES, "method.schedule", f"must be one of {list(SCHEDULES)}, got {schedule!r}")
         self.schedule = schedule
         self.confidence_threshold = float(confidence_threshold)
-        self.seed = 0
+        self.seed = self.sampler.seed  # sampling.seed, as reset(seed) sets it
+        vocabularies = pair.info.get("vocabularies")
+        require(self.sampler.greedy or not vocabularies, "model",
+                f"hf_assisted samples with transformers' own speculative sampling, which needs target and draft "
+                f"vocabularies of one size; pair '{pair.name}' has {vocabularies}. Use method=speculative (it lays "
+                "the draft's logits out in the target's vocabulary) or temperature 0")
 
     def reset(self, seed: int = 0) -> None:
         super().reset(seed)
@@ -60,11 +69,12 @@ class HFAssisted(DecodingMethod):
         config.min_new_tokens = None
         # no EOS wanted: an id no token has (None would fall back to the model's default EOS)
         config.eos_token_id = sorted(eos_ids) if eos_ids else [-1]
-        config.pad_token_id = config.pad_token_id if config.pad_token_id is not None else (min(eos_ids) if eos_ids else 0)
+        if config.pad_token_id is None:
+            config.pad_token_id = min(eos_ids) if eos_ids else 0
         config.do_sample = not self.sampler.greedy
         config.temperature = self.sampler.temperature if config.do_sample else None
         config.top_p = self.sampler.top_p if config.do_sample else None
-        config.top_k = None  # our sampler has no top-k; HF's default of 50 would change the distribution
+        config.top_k = 0  # our sampler has no top-k; None would get transformers' default of 50 (0 disables it)
         config.repetition_penalty = None
         return config
 
@@ -75,13 +85,16 @@ class HFAssisted(DecodingMethod):
         draft_config.num_assistant_tokens_schedule = self.schedule
         draft_config.assistant_confidence_threshold = self.confidence_threshold
         input_ids = torch.tensor([list(prompt_ids)], dtype=torch.long, device=self.pair.device)
-        if not self.sampler.greedy:
+        cuda = [self.pair.device] if self.pair.device.type == "cuda" else []
+        # transformers samples from torch's global generator: seed it for this generation only, and give the
+        # process its own generator state back afterwards
+        with torch.random.fork_rng(devices=cuda, enabled=not self.sampler.greedy):
             torch.manual_seed(self.seed)
-        with CallCounter(self.pair.target) as target_calls, CallCounter(self.pair.draft) as draft_calls:
-            out = self.pair.target.generate(
-                input_ids, attention_mask=torch.ones_like(input_ids), assistant_model=self.pair.draft,
-                generation_config=self.generation_config(max_new_tokens, eos_ids),
-            )
+            with CallCounter(self.pair.target) as target_calls, CallCounter(self.pair.draft) as draft_calls:
+                out = self.pair.target.generate(
+                    input_ids, attention_mask=torch.ones_like(input_ids), assistant_model=self.pair.draft,
+                    generation_config=self.generation_config(max_new_tokens, eos_ids),
+                )
         new = out[0, input_ids.shape[1]:].tolist()
         gen = Generation(tokens=finalize_tokens(new, max_new_tokens, eos_ids))
         gen.count_forwards(target_calls, draft_calls)

@@ -39,6 +39,16 @@ class PooledMethod(DecodingMethod):
         if not self.warm_start:
             self.pool.clear()
 
+    @property
+    def carries_state(self) -> bool:
+        return self.warm_start
+
+    def carried_state(self):
+        return self.pool.snapshot()
+
+    def restore_state(self, state) -> None:
+        self.pool.restore(state)
+
 
 class Lookahead(PooledMethod):
     def __init__(self, pair, name: str = "lookahead", window: int = 5, ngram: int = 4, guesses: int = 5,

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import random
 
-from ..decoding.cached_lm import CachedLM
+from ..decoding.cached_lm import CachedLM, draft_lm
 from ..decoding.generation import Generation, finalize_tokens, is_finished
 from ..decoding.jacobi import JacobiWindow, add_trie, chain, lookahead_step, tree_argmax
 from ..decoding.ngram_pool import NGramPool
@@ -84,16 +84,18 @@ class Ouroboros(PooledMethod):
                 "needs candidate_suffixes=true (refinement replaces verified suffixes)")
         self.phrase_draft, self.candidate_suffixes = bool(phrase_draft), bool(candidate_suffixes)
         self.inspiration, self.refinement = bool(inspiration), bool(refinement)
-        self.warm_start, self.pool_from_prompt, self.match_stats = bool(warm_start), bool(pool_from_prompt), bool(match_stats)
+        self.warm_start, self.pool_from_prompt = bool(warm_start), bool(pool_from_prompt)
+        self.match_stats = bool(match_stats)
         self.pool = NGramPool(self.beta, capacity=self.window)
         self.seed = seed
 
     def generate(self, prompt_ids, max_new_tokens, eos_ids, timeline=NoTimeline()) -> Generation:
-        target, draft = CachedLM(self.pair.target), CachedLM(self.pair.draft)
+        target, draft = CachedLM(self.pair.target), draft_lm(self.pair)
         seq = list(prompt_ids)  # committed tokens; the target's cache holds seq[:-1] after the first step
         if self.pool_from_prompt:
             self.pool.insert_all(seq)
-        window = JacobiWindow(self.draft_window, self.beta, seq, random.Random(self.seed)) if self.phrase_draft else None
+        window = (JacobiWindow(self.draft_window, self.beta, seq, random.Random(self.seed))
+                  if self.phrase_draft else None)
         self.draft_seq: list[int] = []  # tokens held by the draft's cache
         gen = Generation(tokens=[])
         ex = {key: [] for key in ("sentence_draft_len", "draft_accepted", "suffix_won", "suffix_accepted", "pool_size")}

@@ -24,7 +24,15 @@ class StaticSL:
         self.gamma = positive_int(gamma, "method.policy.gamma", "draft tokens per step, γ")
         self.committed = 0  # new tokens committed before the current step
 
+    carries_state = False  # True: the SL learnt on one prompt starts the next (see DecodingMethod.carries_state)
+
     def reset(self) -> None:
+        pass
+
+    def carried_state(self):
+        return None
+
+    def restore_state(self, state) -> None:
         pass
 
     def prepare(self, method, prompt_ids, max_new_tokens: int, eos_ids: set[int]) -> None:
@@ -66,6 +74,16 @@ class HeuristicSL(StaticSL):
     def reset(self) -> None:
         if not self.persistent:
             self.gamma = self.initial
+
+    @property
+    def carries_state(self) -> bool:
+        return self.persistent
+
+    def carried_state(self) -> int:
+        return self.gamma
+
+    def restore_state(self, state) -> None:
+        self.gamma = self.initial if state is None else state
 
     def observe(self, accepted: int, drafted: int) -> None:
         if accepted == drafted:
@@ -118,20 +136,22 @@ class OracleSL(StaticSL):
     the oracle SL is the length of that agreeing run (at most ``sl_max``), and no rejected token is ever
     drafted. The per-step SL sequence is the record's ``extra.sl``."""
 
+    greedy_only = True  # its oracle is greedy's output: SpeculativeDecoding refuses it at temperature > 0
+
     def __init__(self, sl_max: int = 64):
         super().__init__(sl_max)
         self.reference: list[int] = []  # y: the target's greedy output
         self.agreeing: list[int] = []  # agreeing[c]: how many draft tokens from output position c on equal y's
 
     def prepare(self, method, prompt_ids, max_new_tokens: int, eos_ids: set[int]) -> None:
-        from ..decoding.cached_lm import CachedLM
+        from ..decoding.cached_lm import draft_lm
         from .greedy import Greedy
 
         require(method.sampler.greedy, "sampling.temperature", "the oracle SL needs temperature 0 (greedy output)")
         y = Greedy(method.pair, "oracle-reference").generate(prompt_ids, max_new_tokens, eos_ids).tokens
         self.reference = y
         # (|y|, V) logits: row i predicts the token after prompt + y_0..y_{i-1}
-        logits = CachedLM(method.pair.draft).forward(list(prompt_ids) + y[:-1], keep_last=len(y)) if y else None
+        logits = draft_lm(method.pair).forward(list(prompt_ids) + y[:-1], keep_last=len(y)) if y else None
         draft_tokens = logits.argmax(dim=-1).tolist() if y else []
         self.agreeing = [0] * (len(y) + 1)
         for c in range(len(y) - 1, -1, -1):

@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import torch
 
-from ..decoding.cached_lm import CachedLM
+from ..decoding.cached_lm import CachedLM, draft_lm
 from ..decoding.generation import Generation, finalize_tokens, is_finished
 from ..decoding.verify import verify_greedy, verify_rejection
+from ..errors import require
 from .base import DecodingMethod, NoTimeline, positive_int
 from .sl_policies import StaticSL
 
@@ -29,10 +30,23 @@ class SpeculativeDecoding(DecodingMethod):
         super().__init__(pair, name, **sampling)
         self.gamma = positive_int(gamma, "method.gamma", "draft tokens per step, γ")
         self.policy = policy if policy is not None else StaticSL(self.gamma)
+        require(self.sampler.greedy or not getattr(self.policy, "greedy_only", False), "sampling.temperature",
+                f"method '{name}' uses {type(self.policy).__name__}, which supports temperature 0 only, "
+                f"got {self.sampler.temperature:g}")
 
     def reset(self, seed: int = 0) -> None:
         super().reset(seed)
         self.policy.reset()
+
+    @property
+    def carries_state(self) -> bool:
+        return self.policy.carries_state
+
+    def carried_state(self):
+        return self.policy.carried_state()
+
+    def restore_state(self, state) -> None:
+        self.policy.restore_state(state)
 
     # -- speculation-lookahead policy hooks --------------------------------------------------
     def draft_length(self) -> int:
@@ -54,7 +68,7 @@ class SpeculativeDecoding(DecodingMethod):
 
     # -- the loop ----------------------------------------------------------------------------
     def generate(self, prompt_ids, max_new_tokens, eos_ids, timeline=NoTimeline()) -> Generation:
-        target, draft = CachedLM(self.pair.target), CachedLM(self.pair.draft)
+        target, draft = CachedLM(self.pair.target), draft_lm(self.pair)
         gen = Generation(tokens=[])
         tokens = list(prompt_ids)  # committed sequence; after each step the target's cache holds tokens[:-1]
         out: list[int] = []

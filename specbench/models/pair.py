@@ -6,6 +6,7 @@ from typing import Any, Sequence
 
 import torch
 
+from ..errors import ConfigError
 from .cpu_linear import apply_linear_kernel
 from .precision import Precision
 
@@ -20,6 +21,14 @@ class ModelPair:
     precision: Precision
     chat_template: bool = False  # wrap prompts with the tokenizer's chat template
     info: dict = field(default_factory=dict)  # what records carry: ids/paths, attention implementation ...
+
+    def __post_init__(self) -> None:
+        check_vocabularies(self)
+
+    @property
+    def vocab_size(self) -> int:
+        """The target's vocabulary size V: every method's logits are laid out in it (draft_lm)."""
+        return vocab_size_of(self.target)
 
     @property
     def dtype(self) -> str:
@@ -49,6 +58,33 @@ class ModelPair:
 
     def decode(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode(list(ids), skip_special_tokens=True)
+
+
+def vocab_size_of(model: torch.nn.Module) -> int:
+    """Rows of the model's output layer (its padded vocabulary)."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    size = getattr(head, "out_features", None) or getattr(model.get_text_config() if hasattr(model, "get_text_config")
+                                                          else model.config, "vocab_size", None)
+    return int(size)
+
+
+def check_vocabularies(pair: ModelPair) -> None:
+    """Target and draft share the tokenizer; their padded vocabularies may differ in size (CodeLlama 34B has
+    32000 rows, 7B 32016). Rule: the draft's logits are laid out in the target's vocabulary (cut, or padded
+    with -inf), so the draft never proposes an id the target lacks and, at T > 0, q and p have one shape
+    (rejection sampling stays exact: q is the distribution the draft tokens were drawn from). A tokenizer
+    with more tokens than either model has rows is an error naming all three sizes."""
+    tokens = len(pair.tokenizer)
+    sizes = {"target": vocab_size_of(pair.target)}
+    if pair.draft is not None:
+        sizes["draft"] = vocab_size_of(pair.draft)
+    small = {role: size for role, size in sizes.items() if size < tokens}
+    if small:
+        raise ConfigError(f"model: pair '{pair.name}': the tokenizer has {tokens} tokens, more than the "
+                          + " and ".join(f"{role}'s {size} vocabulary rows" for role, size in small.items())
+                          + "; target and draft must share a tokenizer both can represent")
+    if len(set(sizes.values())) > 1:
+        pair.info["vocabularies"] = {**sizes, "tokenizer": tokens, "rule": "draft logits laid out in the target's"}
 
 
 def plain_conversation(messages: Sequence[dict]) -> str:
