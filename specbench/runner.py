@@ -221,12 +221,13 @@ class Runner:
         return self.pair.encode(messages if conversation else messages[-1]["content"], chat=self.chat)
 
     def measure(self, method: DecodingMethod, spec: RunSpec, example: Example, index: int, repeat: int) -> Measurement:
-        state = self.state_before(method, spec, index) if method.carries_state else None  # (may replay first)
+        warm = method.carries_state
+        state = self.state_before(method, spec, index) if warm else None  # (may replay earlier prompts first)
         method.reset(self.seed + index)
-        if method.carries_state:
+        if warm:
             method.restore_state(state)
         turns, prompts = self.generate_turns(method, example)
-        if method.carries_state:
+        if warm:
             self.states[(id(method), spec.key)].setdefault(index + 1, method.carried_state())
         record = {
             "schema": SCHEMA_VERSION,

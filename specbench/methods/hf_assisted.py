@@ -52,16 +52,11 @@ class HFAssisted(DecodingMethod):
         require(schedule in SCHEDULES, "method.schedule", f"must be one of {list(SCHEDULES)}, got {schedule!r}")
         self.schedule = schedule
         self.confidence_threshold = float(confidence_threshold)
-        self.seed = self.sampler.seed  # sampling.seed, as reset(seed) sets it
         vocabularies = pair.info.get("vocabularies")
         require(self.sampler.greedy or not vocabularies, "model",
                 f"hf_assisted samples with transformers' own speculative sampling, which needs target and draft "
                 f"vocabularies of one size; pair '{pair.name}' has {vocabularies}. Use method=speculative (it lays "
                 "the draft's logits out in the target's vocabulary) or temperature 0")
-
-    def reset(self, seed: int = 0) -> None:
-        super().reset(seed)
-        self.seed = seed
 
     def generation_config(self, max_new_tokens: int, eos_ids: set[int]):
         config = copy.deepcopy(self.pair.target.generation_config)
@@ -89,7 +84,7 @@ class HFAssisted(DecodingMethod):
         # transformers samples from torch's global generator: seed it for this generation only, and give the
         # process its own generator state back afterwards
         with torch.random.fork_rng(devices=cuda, enabled=not self.sampler.greedy):
-            torch.manual_seed(self.seed)
+            torch.manual_seed(self.sampler.seed)  # sampling.seed, or what reset(seed) set
             with CallCounter(self.pair.target) as target_calls, CallCounter(self.pair.draft) as draft_calls:
                 out = self.pair.target.generate(
                     input_ids, attention_mask=torch.ones_like(input_ids), assistant_model=self.pair.draft,

@@ -35,7 +35,6 @@ class PooledMethod(DecodingMethod):
 
     def reset(self, seed: int = 0) -> None:
         super().reset(seed)
-        self.seed = seed
         if not self.warm_start:
             self.pool.clear()
 
@@ -63,14 +62,13 @@ class Lookahead(PooledMethod):
         capacity = optional_positive(pool_capacity, "method.pool_capacity", "n-grams kept per first token")
         self.pool_from_prompt, self.warm_start = bool(pool_from_prompt), bool(warm_start)
         self.pool = NGramPool(self.ngram, capacity)
-        self.seed = seed
 
     def generate(self, prompt_ids, max_new_tokens, eos_ids, timeline=NoTimeline()) -> Generation:
         target = CachedLM(self.pair.target)
         prompt = list(prompt_ids)
         if self.pool_from_prompt:
             self.pool.insert_all(prompt)
-        window = JacobiWindow(self.window, self.ngram, prompt, random.Random(self.seed))
+        window = JacobiWindow(self.window, self.ngram, prompt, random.Random(self.sampler.seed))
         gen = Generation(tokens=[])
         stats = {"steps": 0, "steps_with_candidates": 0, "ngrams_inserted": 0}
         out: list[int] = []

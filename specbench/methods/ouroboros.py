@@ -87,14 +87,13 @@ class Ouroboros(PooledMethod):
         self.warm_start, self.pool_from_prompt = bool(warm_start), bool(pool_from_prompt)
         self.match_stats = bool(match_stats)
         self.pool = NGramPool(self.beta, capacity=self.window)
-        self.seed = seed
 
     def generate(self, prompt_ids, max_new_tokens, eos_ids, timeline=NoTimeline()) -> Generation:
         target, draft = CachedLM(self.pair.target), draft_lm(self.pair)
         seq = list(prompt_ids)  # committed tokens; the target's cache holds seq[:-1] after the first step
         if self.pool_from_prompt:
             self.pool.insert_all(seq)
-        window = (JacobiWindow(self.draft_window, self.beta, seq, random.Random(self.seed))
+        window = (JacobiWindow(self.draft_window, self.beta, seq, random.Random(self.sampler.seed))
                   if self.phrase_draft else None)
         self.draft_seq: list[int] = []  # tokens held by the draft's cache
         gen = Generation(tokens=[])

@@ -140,20 +140,19 @@ class OracleSL(StaticSL):
 
     def __init__(self, sl_max: int = 64):
         super().__init__(sl_max)
-        self.reference: list[int] = []  # y: the target's greedy output
         self.agreeing: list[int] = []  # agreeing[c]: how many draft tokens from output position c on equal y's
 
     def prepare(self, method, prompt_ids, max_new_tokens: int, eos_ids: set[int]) -> None:
         from ..decoding.cached_lm import draft_lm
         from .greedy import Greedy
 
-        require(method.sampler.greedy, "sampling.temperature", "the oracle SL needs temperature 0 (greedy output)")
         y = Greedy(method.pair, "oracle-reference").generate(prompt_ids, max_new_tokens, eos_ids).tokens
-        self.reference = y
-        # (|y|, V) logits: row i predicts the token after prompt + y_0..y_{i-1}
-        logits = draft_lm(method.pair).forward(list(prompt_ids) + y[:-1], keep_last=len(y)) if y else None
-        draft_tokens = logits.argmax(dim=-1).tolist() if y else []
         self.agreeing = [0] * (len(y) + 1)
+        if not y:
+            return
+        # (|y|, V) logits: row i predicts the token after prompt + y_0..y_{i-1}
+        logits = draft_lm(method.pair).forward(list(prompt_ids) + y[:-1], keep_last=len(y))
+        draft_tokens = logits.argmax(dim=-1).tolist()
         for c in range(len(y) - 1, -1, -1):
             self.agreeing[c] = self.agreeing[c + 1] + 1 if draft_tokens[c] == y[c] else 0
 

@@ -62,10 +62,8 @@ class ModelPair:
 
 def vocab_size_of(model: torch.nn.Module) -> int:
     """Rows of the model's output layer (its padded vocabulary)."""
-    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    size = getattr(head, "out_features", None) or getattr(model.get_text_config() if hasattr(model, "get_text_config")
-                                                          else model.config, "vocab_size", None)
-    return int(size)
+    head = model.get_output_embeddings()  # nn.Linear, or the PackedLinear that replaced it: both have out_features
+    return int(head.out_features) if head is not None else int(model.get_text_config().vocab_size)
 
 
 def check_vocabularies(pair: ModelPair) -> None:
