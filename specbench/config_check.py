@@ -81,14 +81,28 @@ class ModelNotLoaded(AttributeError):
 
 class ConfigOnlyPair:
     """Stands in for the model pair while constructors are checked before loading: it has the pair's name and
-    says whether the pair has a draft (a hub pair's ``model.draft`` may be null); anything else raises."""
+    says whether the pair has a draft (a hub pair's ``model.draft`` may be null), and has ``vocab_size`` where
+    the model config fixes it without loading (``vocab_size_before_loading``); anything else raises."""
 
     def __init__(self, model: dict):
         self.name = model.get("name")
         self.draft = None if "draft" in model and model["draft"] is None else "<draft model, not loaded yet>"
+        vocab = vocab_size_before_loading(model)
+        if vocab is not None:
+            self.vocab_size = vocab
 
     def __getattr__(self, attr):
         raise ModelNotLoaded(f"ConfigOnlyPair.{attr}: the model pair is not loaded while the config is checked")
+
+
+def vocab_size_before_loading(model: dict) -> int | None:
+    """The target's vocabulary size (``ModelPair.vocab_size``) when the model config alone fixes it: the tiny
+    pairs, whose vocabulary is their byte tokenizer's. None for hub and embedded pairs: it is in the weights'
+    config, known once they load (a check that needs it then runs on the loaded pair)."""
+    if model.get("_target_") == "specbench.models.tiny.build_tiny_pair":
+        from .models.tiny import byte_tokenizer
+        return len(byte_tokenizer())
+    return None
 
 
 def check_settings(cfg: DictConfig) -> None:

@@ -1,4 +1,5 @@
-"""Every derived number, computed in one place from raw records: rates, τ, acceptance, speedup, losslessness.
+"""Every derived number, computed in one place from raw records: rates, τ, acceptance (overall and per
+position, α_k), speedup, losslessness.
 
 Speedup (``compare``) is paired when the baseline was timed next to the method in the same rounds
 (runner.py): the mean of per-prompt ratios of throughputs, with a bootstrap interval; otherwise the
@@ -54,6 +55,46 @@ def mean_sl(records) -> float | None:
 def acceptance_rate(records) -> float | None:
     drafted = sum(r.get("drafted") or 0 for r in records)
     return sum(r.get("accepted") or 0 for r in records) / drafted if drafted else None
+
+
+def accepted_per_step(turn: dict) -> list[tuple[int, int]]:
+    """(accepted draft tokens, proposed depth) per verification step of one generation (a single-turn record, or
+    one of a multi-turn record's ``turns``); [] when it has no ``proposed`` (records written before it existed,
+    hf_assisted when its call pattern did not fit) or the lists disagree in length.
+
+    The rule, from Generation.add_step: a step keeps its accepted draft tokens and then the target's own token,
+    so it accepted ``accept_lengths[i] - 1`` draft tokens (at most ``proposed[i]``). The one exception is a
+    *cut* step (an EOS among its accepted draft tokens, or the budget, ended the output inside them): it kept
+    only draft tokens, all accepted, so it accepted ``accept_lengths[i]`` of them, and add_step trimmed
+    ``proposed[i]`` to that same number. ``accept_lengths``/``proposed`` alone cannot tell a cut step (kept 3 of
+    a deeper proposal, proposed trimmed to 3) from a whole one (depth 3, 2 accepted + the target's token), but
+    only a generation's last step can be cut, and add_step counted it in ``accepted``: the last step was cut
+    exactly when ``accepted`` exceeds Σ(accept_lengths[i] - 1) by one and its ``accept_lengths <= proposed``.
+    """
+    lengths, proposed = turn.get("accept_lengths") or [], turn.get("proposed") or []
+    if not proposed or len(proposed) != len(lengths):
+        return []
+    accepted = [max(min(n - 1, p), 0) for n, p in zip(lengths, proposed)]
+    if turn.get("accepted") == sum(accepted) + 1 and lengths[-1] <= proposed[-1]:
+        accepted[-1] = lengths[-1]  # the last step was cut: every token it kept was an accepted draft token
+    return list(zip(accepted, proposed))
+
+
+def acceptance_by_position(records, max_k: int | None = None) -> list[float | None]:
+    """Per-position acceptance [α_1, ..., α_K] over every verification step of ``records``.
+
+    α_k = among steps whose proposal reached depth k and whose first k-1 draft tokens were all accepted, the
+    fraction that accepted the k-th too (accepted draft tokens per step: ``accepted_per_step``). K is the
+    deepest proposal, or ``max_k``; a position no step reached is None. [] when no step proposed anything
+    (greedy's zeros, records without ``proposed``). A multi-turn record is read turn by turn.
+    """
+    steps = [s for r in records for turn in (r.get("turns") or [r]) for s in accepted_per_step(turn)]
+    depth = max((p for _, p in steps), default=0) if max_k is None else max_k
+    alpha: list[float | None] = []
+    for k in range(1, depth + 1):
+        reached = [a for a, p in steps if p >= k and a >= k - 1]
+        alpha.append(sum(a >= k for a in reached) / len(reached) if reached else None)
+    return alpha
 
 
 def first_divergence(a: list[int], b: list[int]) -> int | None:
@@ -202,6 +243,7 @@ def summarize(records: list[dict], baseline: list[dict] | None = None, exact: bo
         "prefill_s_mean": _mean(prefill),
         "tau": tau(records),
         "acceptance_rate": acceptance_rate(records),
+        "alpha": acceptance_by_position(records) or None,
         "target_forwards": sum(r.get("target_forwards") or 0 for r in records),
         "draft_forwards": sum(r.get("draft_forwards") or 0 for r in records),
         "accuracy": aggregate_scores(records),

@@ -302,6 +302,7 @@ class Runner:
             "drafted": gen.drafted,
             "accepted": gen.accepted,
             "accept_lengths": gen.accept_lengths,
+            "proposed": gen.proposed,  # per step: the proposal's depth (metrics.acceptance_by_position)
             "forward_sizes": gen.forward_sizes,
             "extra": gen.extra,
         }
@@ -323,6 +324,7 @@ def combine_turns(turns: list[dict]) -> dict:
         output_ids=[i for t in turns for i in t["output_ids"]],
         output_text="\n\n".join(t["output_text"] for t in turns),
         accept_lengths=[n for t in turns for n in t["accept_lengths"]],
+        proposed=[n for t in turns for n in t.get("proposed") or []],
         forward_sizes={model: [k for t in turns for k in t["forward_sizes"].get(model, [])]
                        for model in ("target", "draft")},
         extra={},

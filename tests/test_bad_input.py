@@ -59,7 +59,6 @@ BAD = {  # override(s) -> the start of the one-line error
     "data.max_new_tokens=many": "data.max_new_tokens: must be an integer, got 'many'",
     "method.gamma=-1": "method.gamma: must be a positive integer (draft tokens per step, γ), got -1",
     "+method.temperature=0.5": "method.temperature: not a method setting: set by sampling.temperature",
-    "method=lookahead sampling.temperature=0.5": "sampling.temperature: method 'lookahead' verifies greedily",
     "method=oracle_sl sampling.temperature=0.5": "sampling.temperature: method 'oracle_sl' uses OracleSL, which "
                                                  "supports temperature 0 only",
     "method=hf_assisted method.schedule=sometimes": "method.schedule: must be one of ['constant',",
@@ -76,6 +75,19 @@ BAD = {  # override(s) -> the start of the one-line error
     "logger=wandb logger.mode=sometimes": "logger.mode: 'sometimes' is not one of",
     "logger=wandb +logger.projekt=x": "logger.projekt: unknown key for specbench.tracking.WandbTracker",
     "model=vicuna_13b_68m model.draft=null": "model: method 'speculative' needs a draft model; pair 'vicuna-13b-68m'",
+    "method=specinfer model=vicuna_13b_68m model.draft=null": "model: method 'specinfer' needs a draft model; pair "
+                                                              "'vicuna-13b-68m' has none",
+    "method=specinfer method.max_nodes=0": "method.max_nodes: must be a positive integer (most tree nodes per step), "
+                                           "got 0",
+    "method=specinfer method.widths=[2,0]": "method.widths: must be a non-empty list of positive integers",
+    "method=specinfer method.widths=[]": "method.widths: must be a non-empty list of positive integers",
+    # the tiny pair's vocabulary (259 byte-level tokens) is known from its config, before it loads
+    "method=specinfer method.widths=[2,300]": "method.widths: a width of 300 is more children than the vocabulary "
+                                              "has tokens (259)",
+    "method=prompt_lookup method.max_ngram_size=0": "method.max_ngram_size: must be a positive integer (longest "
+                                                    "n-gram matched), got 0",
+    "method=prompt_lookup method.min_ngram_size=4": "method.min_ngram_size: must be <= method.max_ngram_size (3), "
+                                                    "got 4",
 }
 
 
@@ -147,6 +159,8 @@ def test_every_shipped_option_passes_the_checks(group, tmp_path):
                           "name, policy"),
     (("method=ouroboros", "method.phrase_draft=no"), "specbench: error: method.phrase_draft: must be true or false, "
                                                      "got 'no'"),
+    (("method=specinfer", "method.widths=[2,300]"), "specbench: error: method.widths: a width of 300 is more children "
+                                                    "than the vocabulary has tokens (259)"),
 ])
 def test_cli_prints_one_line_and_exits_2(overrides, message, tmp_path):
     proc = run_cli(*overrides, records_dir=tmp_path / "records", check=False)

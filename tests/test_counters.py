@@ -10,7 +10,9 @@ from specbench.methods.greedy import Greedy
 from specbench.methods.hf_assisted import HFAssisted
 from specbench.methods.lookahead import Lookahead
 from specbench.methods.ouroboros import Ouroboros
+from specbench.methods.prompt_lookup import PromptLookup
 from specbench.methods.sl_policies import ConfidenceSL, HeuristicSL, OracleSL, PerplexitySL
+from specbench.methods.specinfer import SpecInfer
 from specbench.methods.speculative import SpeculativeDecoding
 
 from .test_equivalence import cases, greedy_reference, pair_for
@@ -26,9 +28,11 @@ METHODS = {
     "ouroboros": lambda pair, g: Ouroboros(pair, gamma=g, window=4, beta=3, top_k=2, pool_from_prompt=True),
     "ouroboros_plain": lambda pair, g: Ouroboros(pair, gamma=g, window=4, beta=3, top_k=2, phrase_draft=False),
     "greedy": lambda pair, g: Greedy(pair, "greedy"),
+    "prompt_lookup": lambda pair, g: PromptLookup(pair, max_ngram_size=g % 3 + 1, num_pred_tokens=g),
+    "specinfer": lambda pair, g: SpecInfer(pair, widths=[3, 2] + [1] * (g - 1), max_nodes=2 * g + 4),
 }
 ONE_FORWARD_PER_STEP = {"speculative", "dyn_heur", "confidence", "ppl", "oracle_sl", "hf_assisted", "lookahead",
-                        "ouroboros", "ouroboros_plain", "greedy"}
+                        "ouroboros", "ouroboros_plain", "greedy", "prompt_lookup", "specinfer"}
 
 
 def check_counters(gen, name: str) -> None:

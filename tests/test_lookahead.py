@@ -7,9 +7,9 @@ from hypothesis import strategies as st
 from specbench.decoding.cached_lm import CachedLM
 from specbench.decoding.ngram_pool import NGramPool
 from specbench.decoding.token_tree import ancestors_mask, depths, path_to, tree_inputs
-from specbench.decoding.verify import verify_tree_greedy
+from specbench.decoding.verify import verify_tree_argmax
 from specbench.errors import ConfigError
-from specbench.decoding.jacobi import add_trie
+from specbench.decoding.proposal import Proposal
 from specbench.methods.lookahead import Lookahead
 
 from .test_equivalence import greedy_reference, pair_for
@@ -85,14 +85,15 @@ def test_tree_forward_equals_sequential_forward_per_path(arch):
 
 
 def test_trie_merges_shared_prefixes_and_tree_verification_follows_the_target():
-    tokens, parents, children = [50], [-1], {}
-    nodes = add_trie(tokens, parents, children, 0, [(1, 2, 3), (1, 2, 4), (7, 8, 9)])
-    assert nodes == [[1, 2, 3], [1, 2, 4], [5, 6, 7]] and tokens == [50, 1, 2, 3, 4, 7, 8, 9]
-    # the target's argmax per node: after 50 -> 1, after 1 -> 2, after 2 -> 4, after 4 -> 6 (bonus)
+    proposal = Proposal()  # hung after x0 = 50
+    nodes = proposal.add_paths([(1, 2, 3), (1, 2, 4), (7, 8, 9)])
+    assert nodes == [[0, 1, 2], [0, 1, 3], [4, 5, 6]] and proposal.tokens == [1, 2, 3, 4, 7, 8, 9]
+    assert proposal.parents == [-1, 0, 1, 1, -1, 4, 5] and proposal.depth == 3 and not proposal.is_chain
+    # the target's argmax at x0 then per node: after 50 -> 1, after 1 -> 2, after 2 -> 4, after 4 -> 6 (bonus)
     argmax = [1, 2, 4, 0, 6, 0, 0, 0]
-    path, bonus = verify_tree_greedy(tokens, children, argmax)
-    assert [tokens[n] for n in path] == [1, 2, 4] and bonus == 6
-    path, bonus = verify_tree_greedy(tokens, children, [3] + argmax[1:])
+    path, bonus = verify_tree_argmax(proposal, argmax)
+    assert [proposal.tokens[n] for n in path] == [1, 2, 4] and bonus == 6
+    path, bonus = verify_tree_argmax(proposal, [3] + argmax[1:])
     assert path == [] and bonus == 3
 
 
@@ -145,10 +146,8 @@ def test_lookahead_accepts_guesses_and_warm_start_keeps_the_pool():
     assert len(cold.pool) == 0  # cold start: cleared per prompt
 
 
-def test_lookahead_rejects_sampling_and_bad_settings():
+def test_lookahead_rejects_bad_settings():
     pair = pair_for("llama", 0.05)
-    with pytest.raises(ConfigError, match="sampling.temperature"):
-        Lookahead(pair, temperature=0.7)
     with pytest.raises(ConfigError, match="method.ngram"):
         Lookahead(pair, ngram=1)
     with pytest.raises(ConfigError, match="method.window"):

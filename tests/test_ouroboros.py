@@ -7,7 +7,9 @@ from hypothesis import strategies as st
 
 from specbench.decoding.cached_lm import CachedLM
 from specbench.decoding.jacobi import JacobiWindow, lookahead_step
+from specbench.decoding.loop import verify_step
 from specbench.decoding.ngram_pool import NGramPool
+from specbench.decoding.proposal import StepContext
 from specbench.errors import ConfigError
 from specbench.methods.greedy import Greedy
 from specbench.methods.ouroboros import Ouroboros, inspirations, match_k
@@ -48,7 +50,7 @@ def test_cache_after_a_lookahead_step_holds_exactly_the_accepted_tokens():
     pool.insert([prompt[-1], 200, 201, 202])
     lm = CachedLM(pair.target)
     window = JacobiWindow(3, 4, prompt, __import__("random").Random(0))
-    step = lookahead_step(lm, prompt, window, pool, None)
+    step = lookahead_step(lm, list(prompt), window, pool, None)
     assert step.accepted == greedy[:3] and step.next_token == greedy[3]
     committed_cache_equals_fresh_forward(lm, pair.target, prompt + step.accepted)
 
@@ -61,11 +63,14 @@ def test_cache_after_synthetic_verification_keeps_draft_prefix_and_best_suffix()
     d = greedy[:3]
     method.pool.insert([d[-1], 250, 251, 252])  # a wrong suffix
     method.pool.insert([d[-1], *greedy[3:6]])  # the right one
-    ex = {key: [] for key in ("sentence_draft_len", "draft_accepted", "suffix_won", "suffix_accepted", "pool_size")}
-    ex.update(inspirations=0, refinements=0, suffix_tokens=0)
-    target = CachedLM(pair.target)
-    emitted, fed = method._verify(target, list(prompt), d, 100, ex)
-    assert emitted == greedy[:7] and fed == 6
+    proposer = method.make_proposer(prompt)
+    proposer._sentence_draft = lambda seq, limit, eos_ids: list(d)
+    target, tokens = CachedLM(pair.target), list(prompt)
+    proposal = proposer.propose(StepContext(tokens, 0, 100, set(), None))
+    step = verify_step(target, tokens, proposal, None)
+    proposer.observe(step)
+    ex = proposer.extra()
+    assert step.emitted == greedy[:7] and len(proposal.tokens) - len(d) == 6 == ex["suffix_tokens"]
     assert ex["draft_accepted"] == [3] and ex["suffix_accepted"] == [3] and ex["suffix_won"] == [0]
     assert ex["refinements"] == 1  # the wrong suffix is replaced by the target's outputs along it
     committed_cache_equals_fresh_forward(target, pair.target, prompt + greedy[:6])
@@ -141,11 +146,9 @@ def test_components_do_their_work_on_a_repetitive_prompt():
     assert len(cold.pool) == 0
 
 
-def test_bad_switches_and_sampling_are_refused():
+def test_bad_switches_are_refused():
     pair = pair_for("llama", 0.05)
     with pytest.raises(ConfigError, match="method.refinement"):
         Ouroboros(pair, candidate_suffixes=False, refinement=True)
-    with pytest.raises(ConfigError, match="sampling.temperature"):
-        Ouroboros(pair, temperature=1.0)
     with pytest.raises(ConfigError, match="method.beta"):
         Ouroboros(pair, beta=1)

@@ -1,4 +1,4 @@
-"""The whole speculative loop at temperature > 0 (methods/speculative.py + decoding/verify.py verify_rejection +
+"""The whole speculative loop at temperature > 0 (methods/speculative.py + decoding/loop.py + verify.py tree sampling +
 decoding/sampling.py), on tiny fp32 models:
 
 (a) whole generations are distributed as the target's own autoregressive samples (exact, by enumeration);
@@ -14,7 +14,7 @@ import torch
 
 from specbench.decoding.cached_lm import CachedLM
 from specbench.decoding.sampling import Sampler
-from specbench.methods import speculative
+from specbench.decoding import loop
 from specbench.methods.speculative import SpeculativeDecoding
 from specbench.models.tiny import build_tiny_pair
 
@@ -55,14 +55,15 @@ def test_generations_are_distributed_as_the_targets(small_pair, gamma, temperatu
 def test_distribution_test_detects_a_verifier_without_the_residual(small_pair, monkeypatch):
     """Power check of the test above against a realistic bug: at a rejection, sampling the correction from p
     instead of norm(max(0, p - q)). 1500 generations suffice to reject it (p ~ 1e-20 here)."""
-    def no_residual(draft, draft_probs, target_probs, sampler):
+    def no_residual(proposal, target_probs, sampler):  # a chain: node i hangs from i - 1
+        draft, draft_probs = proposal.tokens, proposal.probs
         for i, token in enumerate(draft):
             if sampler.uniform() * float(draft_probs[i, token]) < float(target_probs[i, token]):
                 continue
-            return i, sampler.sample(target_probs[i])
-        return len(draft), sampler.sample(target_probs[len(draft)])
+            return list(range(i)), sampler.sample(target_probs[i])
+        return list(range(len(draft))), sampler.sample(target_probs[len(draft)])
 
-    monkeypatch.setattr(speculative, "verify_rejection", no_residual)
+    monkeypatch.setattr(loop, "verify_tree_sampling", no_residual)
     target = exact_sequence_distribution(small_pair.target, 1.0, 1.0, PROMPT, MAX_NEW, {EOS})
     counts, _ = sample_generations(SpeculativeDecoding(small_pair, "speculative", gamma=2, temperature=1.0),
                                    PROMPT, MAX_NEW, {EOS}, 1500)
@@ -97,12 +98,14 @@ def test_caches_hold_the_committed_sequence_after_rejections(arch, temperature, 
     against the steps, and the caches left after generate against a fresh forward."""
     pair = noisy_pair(arch)
     steps, lms = [], []
-    real_verify = speculative.verify_rejection
+    real_verify = loop.verify_tree_sampling
 
-    def recording_verify(draft, draft_probs, target_probs, sampler):
-        n, nxt = real_verify(draft, draft_probs, target_probs, sampler)
-        steps.append((list(draft), None if draft_probs is None else draft_probs.clone(), target_probs.clone(), n, nxt))
-        return n, nxt
+    def recording_verify(proposal, target_probs, sampler):
+        path, nxt = real_verify(proposal, target_probs, sampler)
+        draft, draft_probs = proposal.tokens, proposal.probs
+        steps.append((list(draft), None if draft_probs is None else draft_probs.clone(), target_probs.clone(),
+                      len(path), nxt))
+        return path, nxt
 
     real_init = CachedLM.__init__
 
@@ -110,7 +113,7 @@ def test_caches_hold_the_committed_sequence_after_rejections(arch, temperature, 
         real_init(self, *args, **kwargs)
         lms.append(self)
 
-    monkeypatch.setattr(speculative, "verify_rejection", recording_verify)
+    monkeypatch.setattr(loop, "verify_tree_sampling", recording_verify)
     monkeypatch.setattr(CachedLM, "__init__", recording_init)
     prompt, budget, gamma = [17, 42, 99, 100, 5], 40, 4
     method = SpeculativeDecoding(pair, "speculative", gamma=gamma, temperature=temperature, top_p=top_p)

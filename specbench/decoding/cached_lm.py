@@ -43,13 +43,16 @@ class CachedLM:
 
     @torch.inference_mode()
     def forward(self, ids: Sequence[int], keep_last: int | None = None,
-                parents: Sequence[int] | None = None) -> torch.Tensor:
+                parents: Sequence[int] | None = None, cached_parents: Sequence[int] = ()) -> torch.Tensor:
         """Run the model on ``ids`` after the cached prefix; return float32 logits (n, V).
 
         keep_last: only compute logits for the last n positions (prefill needs one row, not
         prompt_len x vocab).
         parents: feed ``ids`` as a token tree (see token_tree.py) instead of a sequence; the cache then
         holds every node, and the caller keeps the accepted path with ``keep_positions``.
+        cached_parents: with ``parents``, the parent links of the tree nodes the cache already ends with (fed
+        by earlier tree calls); ``parents`` then number nodes on from them, so new nodes can hang from cached
+        ones (token_tree.tree_inputs). A tree grows one level per call this way; ``crop`` drops it again.
         """
         if len(ids) == 0:
             raise ValueError("CachedLM.forward needs at least one token")
@@ -57,9 +60,12 @@ class CachedLM:
         kwargs = {}
         if keep_last is not None:
             kwargs["logits_to_keep"] = keep_last
+        if cached_parents and parents is None:
+            raise ValueError("cached_parents needs parents: new nodes are placed in the cached tree by their links")
         if parents is not None:
             dtype = next(self.model.parameters()).dtype
-            kwargs["attention_mask"], kwargs["position_ids"] = tree_inputs(parents, self.length, dtype, self.device)
+            kwargs["attention_mask"], kwargs["position_ids"] = tree_inputs(parents, self.length, dtype, self.device,
+                                                                            cached_parents)
         out = self.model(input_ids=input_ids, past_key_values=self.cache, use_cache=True, **kwargs)
         self.cache = out.past_key_values
         self.sizes.append(len(ids))

@@ -15,17 +15,22 @@ class Generation:
     drafted: int = 0  # draft tokens fed to the target for verification (what verification cost)
     accepted: int = 0  # of those, accepted by the verifier and kept in ``tokens``
     accept_lengths: list[int] = field(default_factory=list)  # per verification step: tokens it added to ``tokens``
+    proposed: list[int] = field(default_factory=list)  # per step: depth of the proposal (most tokens it could accept)
     extra: dict = field(default_factory=dict)  # method-specific raw counters
     forward_sizes: dict = field(default_factory=dict)  # {"target": [tokens fed per call], "draft": [...]}
 
     def add_step(self, out: list[int], emitted: list[int], accepted: int, max_new_tokens: int,
-                 eos_ids: set[int]) -> None:
+                 eos_ids: set[int], proposed: int | None = None) -> None:
         """Count one verification step that appends ``emitted`` (its ``accepted`` draft tokens, then the
         target's own token) to ``out`` (the step's tokens not yet added; no EOS in it, under budget).
 
         Only tokens the output keeps are counted: a step that runs past an EOS or the budget counts up to
         the EOS / the last token that fits, so ``sum(accept_lengths) == len(tokens)`` for every method and
         τ and acceptance are not inflated on a prompt's last step.
+
+        proposed: the depth of the step's proposal (a chain's length, a tree's longest path), recorded for the
+        per-position acceptance α_k; a cut step records at most the kept tokens (positions past an EOS were never
+        offered to the output). None: the method does not know it (nothing recorded).
         """
         room = max_new_tokens - len(out)
         kept = 0
@@ -35,6 +40,8 @@ class Generation:
                 break
         self.accept_lengths.append(kept)
         self.accepted += min(accepted, kept)
+        if proposed is not None:
+            self.proposed.append(proposed if kept == len(emitted) else min(proposed, kept))
 
     def count_forwards(self, target, draft=None) -> None:
         """Forward counts and the tokens fed per forward (the cost model of ``make bench`` reads these),

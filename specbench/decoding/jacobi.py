@@ -8,117 +8,86 @@ A step feeds one token tree (token_tree.py) after the cached prefix:
   from x0 (columns 0..W-1); level j of column i hangs from level j-1 of column i, so every node sees
   x0, level 0 up to its column and its own column's earlier levels (Fu et al., Fig. 2b);
 - the verification branch: n-grams of the pool whose first token is x0, merged into a trie.
-Greedy verification walks the trie along the model's own argmax; the accepted tokens and the model's
-next token are the step's output. The window then slides: each column's n-gram (its levels plus the
-model's output at the top level) goes into the pool, the oldest level is dropped and the outputs
-become the newest. Only the trie decides the output, so it is exactly what greedy decoding gives.
+In the speculative loop (loop.py) the trie is the proposal (point masses: n-grams are proposed
+deterministically) and the window its side nodes. Verification walks the trie along the model's argmax at
+temperature 0, or samples along it by recursive rejection sampling above (Fu et al.'s sampling mode; the
+output is then distributed as the model's); the accepted tokens and the model's next token are the step's
+output. The window then slides: each column's n-gram (its levels plus the model's argmax at the top level)
+goes into the pool, the oldest level is dropped and the outputs become the newest. Only the trie decides
+the output, so at temperature 0 it is exactly what greedy decoding gives.
 """
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
 from typing import Sequence
 
 from .cached_lm import CachedLM
+from .loop import verify_step
 from .ngram_pool import NGramPool
-from .verify import verify_tree_greedy
-
-
-def add_trie(tokens: list[int], parents: list[int], children: dict[int, list[int]], root: int,
-             phrases: Sequence[Sequence[int]]) -> list[list[int]]:
-    """Append phrases to the block as a trie under ``root`` (shared prefixes fed once).
-
-    Returns each phrase's node indices; the number of nodes added is ``len(tokens)`` growth.
-    """
-    nodes_of = []
-    for phrase in phrases:
-        node, nodes = root, []
-        for token in phrase:
-            nxt = next((c for c in children.get(node, ()) if tokens[c] == token), None)
-            if nxt is None:
-                nxt = len(tokens)
-                tokens.append(int(token))
-                parents.append(node)
-                children.setdefault(node, []).append(nxt)
-            nodes.append(nxt)
-            node = nxt
-        nodes_of.append(nodes)
-    return nodes_of
-
-
-def chain(tokens: Sequence[int]) -> tuple[list[int], list[int]]:
-    """(tokens, parents) of a plain sequence: node i hangs from node i-1, node 0 from the cache."""
-    return list(tokens), list(range(-1, len(tokens) - 1))
+from .proposal import Proposal, Step, StepContext
 
 
 class JacobiWindow:
-    """The lookahead branch: ``levels[j][i]``, j < N-1 levels, i < W columns."""
+    """The lookahead branch: ``levels[j][i]``, j < N-1 levels, i < W columns, fed as side nodes."""
 
     def __init__(self, width: int, ngram: int, seed_tokens: Sequence[int], rng: random.Random):
         self.width, self.ngram = width, ngram
         self.levels = [[rng.choice(list(seed_tokens)) for _ in range(width)] for _ in range(ngram - 1)]
-        self._first = None  # block index of levels[0][0] after attach()
 
-    def attach(self, tokens: list[int], parents: list[int], root: int) -> None:
-        self._first = len(tokens)
+    def nodes(self) -> tuple[list[int], list[int]]:
+        """(tokens, parents) of the window as side nodes: level j column i is node j*W + i; level 0 is a chain
+        from x0 (-1), level j of column i hangs from level j-1 of column i."""
         W = self.width
-        for j, level in enumerate(self.levels):
-            for i, token in enumerate(level):
-                tokens.append(token)
-                if j == 0:
-                    parents.append(root if i == 0 else self._first + i - 1)
-                else:
-                    parents.append(self._first + (j - 1) * W + i)
+        tokens = [token for level in self.levels for token in level]
+        parents = [(i - 1 if j == 0 else (j - 1) * W + i) for j in range(len(self.levels)) for i in range(W)]
+        return tokens, parents
 
-    def slide(self, argmax: Sequence[int], pool: NGramPool) -> int:
-        """Collect each column's n-gram into the pool and shift the levels; returns n-grams new to the pool."""
-        W, top = self.width, self._first + (self.ngram - 2) * self.width
-        outputs = [argmax[top + i] for i in range(W)]
+    def slide(self, side_argmax: Sequence[int], pool: NGramPool) -> int:
+        """Collect each column's n-gram into the pool and shift the levels; returns n-grams new to the pool.
+        side_argmax: the model's argmax at every window node (``Step.side_argmax``)."""
+        W, top = self.width, (self.ngram - 2) * self.width
+        outputs = [side_argmax[top + i] for i in range(W)]
         inserted = sum(pool.insert([level[i] for level in self.levels] + [outputs[i]]) for i in range(W))
         self.levels = self.levels[1:] + [outputs]
         return inserted
 
 
-@dataclass
-class StepResult:
-    accepted: list[int]  # verified guess tokens
-    next_token: int  # the model's token after them
-    guessed: int  # trie nodes fed (guess tokens checked)
-    had_candidates: bool
-    inserted: int  # n-grams new to the pool
+class PoolLookahead:
+    """Proposer of lookahead decoding: the pool's newest n-grams starting with x0 (at most ``guesses``), as a
+    trie, plus the Jacobi window as side nodes; ``observe`` slides the window with the model's outputs."""
+
+    draft = None  # proposes from the verifying model's own forward
+
+    def __init__(self, pool: NGramPool, window: JacobiWindow | None, guesses: int | None):
+        self.pool, self.window, self.guesses = pool, window, guesses
+        self.stats = {"steps": 0, "steps_with_candidates": 0, "ngrams_inserted": 0}
+
+    def propose(self, context: StepContext) -> Proposal:
+        candidates = self.pool.newest(context.tokens[-1], self.guesses)
+        candidates = [c[:context.room] for c in candidates] if context.room > 0 else []
+        proposal = Proposal(fed_as_tree=True)
+        proposal.add_paths(candidates)
+        if self.window is not None:
+            proposal.side_tokens, proposal.side_parents = self.window.nodes()
+        self.stats["steps"] += 1
+        self.stats["steps_with_candidates"] += bool(candidates)
+        return proposal
+
+    def observe(self, step: Step) -> None:
+        if self.window is not None:
+            self.stats["ngrams_inserted"] += self.window.slide(step.side_argmax, self.pool)
+
+    def extra(self) -> dict:
+        return {**self.stats, "pool_size": len(self.pool)}
 
 
-def tree_argmax(lm: CachedLM, tokens: list[int], parents: list[int], root: int) -> list[int]:
-    """The model's argmax at every node of a token tree fed after the cache, in one forward.
-
-    Only the rows from ``root`` on are computed (verification and the window read nothing before it; on the
-    first step the pending chain is the whole prompt, prompt_len x V logits nobody needs); the returned list
-    is still indexed by node, with -1 at the nodes before the root.
-    """
-    rows = lm.forward(tokens, parents=parents, keep_last=len(tokens) - root)  # (len(tokens) - root, V)
-    return [-1] * root + rows.argmax(dim=-1).tolist()
-
-
-def lookahead_step(lm: CachedLM, pending: Sequence[int], window: JacobiWindow | None, pool: NGramPool,
-                   guesses: int | None, max_accept: int | None = None) -> StepResult:
-    """One forward of ``lm`` over pending + window + candidate trie; the cache keeps pending + accepted.
-
-    max_accept: at most this many guess tokens can still be used (the budget left minus the step's own next
-    token); candidates are cut to it, so nothing is verified that the output could not keep.
-    """
-    tokens, parents = chain(pending)
-    root = len(tokens) - 1
-    if window is not None:
-        window.attach(tokens, parents, root)
-    children: dict[int, list[int]] = {}
-    candidates = pool.newest(pending[-1], guesses)
-    if max_accept is not None:
-        candidates = [c[:max_accept] for c in candidates] if max_accept > 0 else []
-    before = len(tokens)
-    add_trie(tokens, parents, children, root, candidates)
-    past = lm.length
-    argmax = tree_argmax(lm, tokens, parents, root)
-    path, next_token = verify_tree_greedy(tokens, children, argmax, root=root)
-    lm.keep_positions(list(range(past + root + 1)) + [past + n for n in path])
-    inserted = window.slide(argmax, pool) if window is not None else 0
-    return StepResult([tokens[n] for n in path], next_token, len(tokens) - before, bool(candidates), inserted)
+def lookahead_step(lm: CachedLM, tokens: list[int], window: JacobiWindow | None, pool: NGramPool,
+                   guesses: int | None) -> Step:
+    """One greedy lookahead step of ``lm`` after the committed ``tokens`` (appended to in place): one forward
+    over what it has not read + window + candidate trie; the cache keeps the committed tokens but the last
+    (Ouroboros' phrase drafting on the draft model)."""
+    proposer = PoolLookahead(pool, window, guesses)
+    step = verify_step(lm, tokens, proposer.propose(StepContext(tokens, 0, 1 << 30, set(), None)),
+                       None)
+    proposer.observe(step)
+    return step

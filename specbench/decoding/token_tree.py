@@ -34,10 +34,24 @@ def ancestors_mask(parents: Sequence[int]) -> torch.Tensor:
     return visible
 
 
-def tree_inputs(parents: Sequence[int], past: int, dtype: torch.dtype, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """(attention mask (1, 1, n, past + n) additive float: 0 visible / finfo.min hidden, position ids (1, n))."""
-    positions = torch.tensor([[past + d for d in depths(parents)]], dtype=torch.long, device=device)
-    visible = torch.cat([torch.ones(len(parents), past, dtype=torch.bool), ancestors_mask(parents)], dim=1)
+def tree_inputs(parents: Sequence[int], past: int, dtype: torch.dtype, device,
+                cached_parents: Sequence[int] = ()) -> tuple[torch.Tensor, torch.Tensor]:
+    """(attention mask (1, 1, n, past + n) additive float: 0 visible / finfo.min hidden, position ids (1, n)).
+
+    cached_parents: the parent links of m tree nodes already in the cache, as its last m positions (fed by
+    earlier calls; the ``past - m`` positions before them are the committed prefix). Node numbering then runs
+    on across calls: cached node j is node j, new node i is node m + i, and ``parents`` of the new nodes use
+    that numbering (-1: hangs off the prefix; 0..m-1: a cached node; m..m+i-1: an earlier new node). Each new
+    node sees the prefix, its ancestors among cached and new nodes, and itself, at position
+    ``past - m + depth``: growing a tree one level per call (SpecInfer's draft expansion) gives what one call
+    over the whole tree would. Empty (the default): every cached position is prefix, as before.
+    """
+    m = len(cached_parents)
+    if m > past:
+        raise ValueError(f"{m} cached tree nodes but only {past} cached positions")
+    links = list(cached_parents) + list(parents)
+    positions = torch.tensor([[past - m + d for d in depths(links)[m:]]], dtype=torch.long, device=device)
+    visible = torch.cat([torch.ones(len(parents), past - m, dtype=torch.bool), ancestors_mask(links)[m:]], dim=1)
     mask = torch.zeros(visible.shape, dtype=dtype)
     mask.masked_fill_(~visible, torch.finfo(dtype).min)
     return mask[None, None].to(device), positions

@@ -1,8 +1,9 @@
-"""Verification of a linear draft d_1..d_γ against one target forward.
-
-Both verifiers return (n, next): n draft tokens accepted and the token the target contributes
-after them (the correction at the first rejection, or the bonus token when all γ are accepted).
-Tokens emitted this step are d_1..d_n + [next], so τ counts n + 1.
+"""Verification against one target forward: of a linear draft d_1..d_γ (``verify_greedy``,
+``verify_rejection``: they return (n, next), n draft tokens accepted) and of a token tree, a chain
+included (``verify_tree_argmax``, ``verify_tree_sampling``: they return (accepted path, next), the path
+as proposal node indices). ``next`` is the token the target contributes after the accepted ones (the
+correction at the first rejection, or the bonus token when the path reaches a leaf), so τ counts the
+accepted tokens + 1. The speculative loop (loop.py) uses the tree verifiers for every method.
 """
 from __future__ import annotations
 
@@ -50,19 +51,56 @@ def verify_rejection(
     return len(draft), sampler.sample(target_probs[len(draft)])
 
 
-def verify_tree_greedy(tokens: Sequence[int], children: dict[int, list[int]], target_tokens: Sequence[int],
-                       root: int = 0) -> tuple[list[int], int]:
-    """Greedy verification of a token tree fed in one forward (lookahead n-grams, Ouroboros suffixes).
+def verify_tree_sampling(proposal, target_probs: torch.Tensor, sampler: Sampler) -> tuple[list[int], int]:
+    """Recursive rejection sampling over a token tree (SpecInfer's multi-step speculative sampling; EAGLE's
+    tree sampling): the emitted tokens are distributed exactly as the target's, whatever the tree.
 
-    tokens: the block's token per node; children: node -> its candidate children (only the nodes being
-    verified); target_tokens: the target's argmax at every node. From ``root`` follow the child whose
-    token equals the target's argmax at the current node, as far as it goes. Returns (accepted path
-    node indices, the target's token after the last of them: the correction/bonus).
+    proposal: a decoding.proposal.Proposal; q for node c is ``proposal.probs[c]`` when it was sampled, else a
+    point mass at its token (deterministic candidates: n-grams, a draft's top-k). A sampled sibling's q must be
+    the distribution it was drawn from *given the siblings before it* (e.g. without replacement: earlier
+    siblings' tokens removed). A trie holds no duplicate siblings, so siblings drawn i.i.d. from one q,
+    deduplicated and given that plain q (SpecInfer's i.i.d. form) would be biased here.
+    target_probs p: (1 + n, V); row 0 is the target's distribution after x0, row 1 + c after node c.
+
+    At node u with residual p_u (p at first): try its children c_1, c_2, ... in order; accept c_i with
+    probability min(1, p_u(t_i) / q_i(t_i)) and descend; on rejection p_u <- norm(max(0, p_u - q_i)) (a point
+    mass: p_u with t_i zeroed) and try the next child. When no child is accepted, sample from p_u (the bonus
+    token at a leaf). Each try outputs min(p_u, q_i) and passes on exactly the mass max(0, p_u - q_i), so by
+    induction over the children the token chosen at u is distributed as p_u; with one child per node this is
+    ``verify_rejection`` draw for draw.
     """
-    path, node = [], root
+    kids = proposal.children()
+    path, node = [], -1
     while True:
-        wanted = target_tokens[node]
-        nxt = next((c for c in children.get(node, ()) if tokens[c] == wanted), None)
+        p = target_probs[node + 1]
+        for child in kids.get(node, ()):
+            token = proposal.tokens[child]
+            q = None if proposal.probs is None else proposal.probs[child]
+            q_token = 1.0 if q is None else float(q[token])
+            if sampler.uniform() * q_token < float(p[token]):  # u < p/q, written without dividing by q
+                path.append(child)
+                node = child
+                break
+            if q is None:
+                residual = p.clone()
+                residual[token] = 0.0
+            else:
+                residual = (p - q).clamp_min(0.0)
+            if float(residual.sum()) <= 0.0:  # p == q up to rounding: p itself is the residual's limit
+                residual = p
+            p = residual / residual.sum()
+        else:
+            return path, sampler.sample(p)
+
+
+def verify_tree_argmax(proposal, argmax: Sequence[int]) -> tuple[list[int], int]:
+    """Greedy verification of a Proposal: from x0 follow the child whose token is the target's argmax at the
+    current node (``argmax[0]`` at x0, ``argmax[1 + c]`` at node c). Returns (accepted nodes, next token)."""
+    kids = proposal.children()
+    path, node = [], -1
+    while True:
+        wanted = argmax[node + 1]
+        nxt = next((c for c in kids.get(node, ()) if proposal.tokens[c] == wanted), None)
         if nxt is None:
             return path, wanted
         path.append(nxt)

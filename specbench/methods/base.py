@@ -7,7 +7,10 @@ from __future__ import annotations
 
 from typing import Protocol, Sequence
 
+from ..decoding.cached_lm import CachedLM
 from ..decoding.generation import Generation
+from ..decoding.loop import speculative_generate
+from ..decoding.proposal import Proposer
 from ..decoding.sampling import Sampler
 from ..errors import require
 from ..models.pair import ModelPair
@@ -72,6 +75,19 @@ class DecodingMethod:
         timeline: Timeline = NoTimeline(),
     ) -> Generation:
         raise NotImplementedError
+
+
+class ProposerMethod(DecodingMethod):
+    """A method that is a proposer plus config: each generation runs the one speculative loop
+    (decoding/loop.py) with the proposer ``make_proposer`` builds for it; the target verifies."""
+
+    def make_proposer(self, prompt_ids: Sequence[int]) -> Proposer:
+        raise NotImplementedError
+
+    def generate(self, prompt_ids, max_new_tokens, eos_ids, timeline=NoTimeline()) -> Generation:
+        proposer = self.make_proposer(prompt_ids)
+        return speculative_generate(CachedLM(self.pair.target), proposer, prompt_ids, max_new_tokens, eos_ids,
+                                    self.sampler, timeline)
 
 
 def positive_int(value, key: str, meaning: str) -> int:

@@ -104,7 +104,8 @@ def count_steps(gen: Generation, target_calls: CallCounter, prompt_len: int, max
     Call 1 reads the prompt and γ_1 = s_1 - prompt_len candidates; call k > 1 reads the last emitted token and
     γ_k = s_k - 1 candidates after a cache of c_k = prompt_len + (tokens emitted before it) - 1. Step k emitted
     c_{k+1} - c_k tokens (the first: c_2 - prompt_len + 1), the last step what remains. Left empty if the calls do
-    not fit this pattern (another transformers version): no counters rather than wrong ones.
+    not fit this pattern (another transformers version): no counters rather than wrong ones. A step's proposal
+    depth (``proposed``, for α_k) is the candidates it drafted (a chain).
     """
     sizes, cached = target_calls.sizes, target_calls.cached
     if not sizes or cached[0] != 0 or sizes[0] < prompt_len:
@@ -119,5 +120,5 @@ def count_steps(gen: Generation, target_calls: CallCounter, prompt_len: int, max
     for step, (n, drafted) in enumerate(zip(emitted, drafts)):
         gen.drafted += drafted
         start = before[step]
-        gen.add_step(out, gen.tokens[start:start + n], n - 1, max_new_tokens, eos_ids)
+        gen.add_step(out, gen.tokens[start:start + n], n - 1, max_new_tokens, eos_ids, proposed=drafted)
         out += gen.tokens[start:start + n]

@@ -15,7 +15,10 @@ One step, with the switches that turn each component off for the Table 3 ablatio
 (e) ``refinement``: each verified suffix c is replaced in the pool by the target's outputs ĉ along it.
 (f) ``warm_start``: the pool is kept across prompts; cold start clears it per prompt.
 The pool holds phrases of β tokens, at most W per first token (LRU). Output at temperature 0 is
-exactly greedy's: only the target's argmax decides what is emitted.
+exactly greedy's: only the target's argmax decides what is emitted. At temperature > 0 the same tree is
+verified by recursive rejection sampling (d and the suffixes are deterministic, point-mass proposals), so
+the output is distributed exactly as the target's; drafting and the pool keep using argmax tokens.
+The method is a proposer (``OuroborosProposer``) plus config; the loop is decoding/loop.py.
 
 Raw counters: drafted = guess tokens fed to the target (|d| + suffix trie nodes), accepted = tokens of d
 accepted + suffix tokens accepted; extra: per-step lists sentence_draft_len, draft_accepted (l_d),
@@ -29,13 +32,12 @@ from __future__ import annotations
 import random
 
 from ..decoding.cached_lm import CachedLM, draft_lm
-from ..decoding.generation import Generation, finalize_tokens, is_finished
-from ..decoding.jacobi import JacobiWindow, add_trie, chain, lookahead_step, tree_argmax
+from ..decoding.jacobi import JacobiWindow, lookahead_step
 from ..decoding.ngram_pool import NGramPool
-from ..decoding.verify import verify_tree_greedy
+from ..decoding.proposal import Proposal, Step, StepContext
 from ..errors import require
-from .base import NoTimeline, positive_int
-from .lookahead import PooledMethod, greedy_only, optional_positive
+from .base import positive_int
+from .lookahead import PooledMethod, optional_positive
 
 MATCH_K = (1, 2, 3, 4)
 
@@ -72,7 +74,6 @@ class Ouroboros(PooledMethod):
                  pool_from_prompt: bool = False, match_stats: bool = False,
                  temperature: float = 0.0, top_p: float = 1.0, seed: int = 0):
         super().__init__(pair, name, temperature, top_p, seed)
-        greedy_only(name, temperature)
         self.gamma = positive_int(gamma, "method.gamma", "sentence draft length γ")
         self.window = positive_int(window, "method.window", "W, pool phrases per first token")
         self.beta = positive_int(beta, "method.beta", "phrase length β")
@@ -88,99 +89,96 @@ class Ouroboros(PooledMethod):
         self.match_stats = bool(match_stats)
         self.pool = NGramPool(self.beta, capacity=self.window)
 
-    def generate(self, prompt_ids, max_new_tokens, eos_ids, timeline=NoTimeline()) -> Generation:
-        target, draft = CachedLM(self.pair.target), draft_lm(self.pair)
-        seq = list(prompt_ids)  # committed tokens; the target's cache holds seq[:-1] after the first step
+    def make_proposer(self, prompt_ids) -> "OuroborosProposer":
         if self.pool_from_prompt:
-            self.pool.insert_all(seq)
-        window = (JacobiWindow(self.draft_window, self.beta, seq, random.Random(self.sampler.seed))
+            self.pool.insert_all(list(prompt_ids))
+        window = (JacobiWindow(self.draft_window, self.beta, list(prompt_ids), random.Random(self.sampler.seed))
                   if self.phrase_draft else None)
+        return OuroborosProposer(self, draft_lm(self.pair), window)
+
+
+class OuroborosProposer:
+    """One generation's proposals: the sentence draft d (a chain from x0) and the K newest pool suffixes for d_m
+    hung after it (a trie), all point masses; ``observe`` runs inspiration, refinement and the counters."""
+
+    def __init__(self, config: Ouroboros, draft: CachedLM, window: JacobiWindow | None):
+        self.c, self.pool, self.draft, self.window = config, config.pool, draft, window
         self.draft_seq: list[int] = []  # tokens held by the draft's cache
-        gen = Generation(tokens=[])
         ex = {key: [] for key in ("sentence_draft_len", "draft_accepted", "suffix_won", "suffix_accepted", "pool_size")}
         ex.update(draft_phrase_steps=0, draft_pool_hits=0, suffix_tokens=0, inspirations=0, refinements=0)
-        if self.match_stats:
+        if config.match_stats:
             ex.update(lcp=[], match_k={k: [] for k in MATCH_K})
-        out: list[int] = []
-        while not is_finished(out, max_new_tokens, eos_ids):
-            limit = max_new_tokens - len(out) - 1  # draft tokens the budget can still use (the step adds one)
-            d = self._sentence_draft(draft, seq, window, limit, eos_ids, ex)
-            emitted, suffix_nodes = self._verify(target, seq, d, limit - len(d), ex)
-            timeline.mark("prefill")  # first call only
-            gen.drafted += len(d) + suffix_nodes
-            gen.add_step(out, emitted, len(emitted) - 1, max_new_tokens, eos_ids)
-            seq += emitted
-            out += emitted
-            keep = min(lcp_length(self.draft_seq, seq), len(seq) - 1)
-            draft.crop(keep)
-            self.draft_seq = self.draft_seq[:keep]
-            ex["pool_size"].append(len(self.pool))
-        gen.tokens = finalize_tokens(out, max_new_tokens, eos_ids)
-        gen.count_forwards(target, draft)
-        gen.extra = ex
-        return gen
+        self.ex = ex
+
+    def extra(self) -> dict:
+        return self.ex
 
     # (a) sentence draft ---------------------------------------------------------------------
-    def _sentence_draft(self, draft: CachedLM, seq, window, limit: int, eos_ids, ex) -> list[int]:
+    def _sentence_draft(self, seq: list[int], limit: int, eos_ids) -> list[int]:
         """d_1..d_m with m >= γ (phrases may overshoot), cut to the ``limit`` the budget can use."""
         d: list[int] = []
-        while len(d) < min(self.gamma, limit) and not any(t in eos_ids for t in d):
-            pending = (seq + d)[len(self.draft_seq):]  # tokens the draft has not read (>= 1)
-            if self.phrase_draft:
-                step = lookahead_step(draft, pending, window, self.pool, None)
-                self.draft_seq += pending + step.accepted
-                d += step.accepted + [step.next_token]
-                ex["draft_phrase_steps"] += 1
-                ex["draft_pool_hits"] += bool(step.accepted)
+        while len(d) < min(self.c.gamma, limit) and not any(t in eos_ids for t in d):
+            drafted = seq + d  # the draft's cache holds a prefix of it; it reads the rest (>= 1 token)
+            if self.c.phrase_draft:
+                step = lookahead_step(self.draft, drafted, self.window, self.pool, None)
+                self.draft_seq = drafted[:-1]
+                d += step.emitted
+                self.ex["draft_phrase_steps"] += 1
+                self.ex["draft_pool_hits"] += bool(step.path)
             else:
-                token = int(draft.forward(pending, keep_last=1)[-1].argmax())
-                self.draft_seq += pending
-                d.append(token)
+                d.append(int(self.draft.forward(drafted[len(self.draft_seq):], keep_last=1)[-1].argmax()))
+                self.draft_seq = drafted
         return d[:max(limit, 0)]
 
-    # (b)+(c) synthetic verification, (d) inspiration, (e) refinement ---------------------------
-    def _verify(self, target: CachedLM, seq, d: list[int], room: int, ex) -> tuple[list[int], int]:
-        """One target forward over the sentence draft and the suffixes (cut to the ``room`` the budget leaves
-        after d); returns (emitted tokens, suffix nodes fed)."""
-        tokens, parents = chain(seq[target.length:])  # the prompt on the first step, else x_n
-        root = len(tokens) - 1
-        children: dict[int, list[int]] = {}
-        (draft_nodes,) = add_trie(tokens, parents, children, root, [d])  # the sentence draft: a chain under the root
-        last = draft_nodes[-1] if d else root  # d_m (or the root when d is empty)
-        suffixes = self.pool.newest(tokens[last], self.top_k) if self.candidate_suffixes and room > 0 else []
-        suffixes = [suffix[:room] for suffix in suffixes]
-        suffix_nodes = add_trie(tokens, parents, children, last, suffixes)
-        fed_suffix = len(tokens) - (last + 1)
-        ex["suffix_tokens"] += fed_suffix
-        past = target.length
-        argmax = tree_argmax(target, tokens, parents, root)
-        path, next_token = verify_tree_greedy(tokens, children, argmax, root=root)
-        target.keep_positions(list(range(past + root + 1)) + [past + n for n in path])
+    # (b) candidate suffixes, (c) one tree for the target -----------------------------------------
+    def propose(self, context: StepContext) -> Proposal:
+        """d as a chain from x0, then the K newest suffixes of P(d_m) (cut to the room the budget leaves after
+        d) merged into a trie under d_m; fed with the Figure 2 mask in one target forward."""
+        self.d = d = self._sentence_draft(context.tokens, context.room, context.eos_ids)
+        proposal = Proposal(fed_as_tree=True)
+        proposal.add_paths([d])
+        self.last = len(d) - 1  # d_m's node (-1: x0, when d is empty)
+        self.key = d[-1] if d else context.tokens[-1]
+        room = context.room - len(d)
+        suffixes = self.pool.newest(self.key, self.c.top_k) if self.c.candidate_suffixes and room > 0 else []
+        self.suffixes = [suffix[:room] for suffix in suffixes]
+        self.suffix_nodes = proposal.add_paths(self.suffixes, under=self.last)
+        self.ex["suffix_tokens"] += len(proposal.tokens) - len(d)
+        return proposal
 
-        l_d = sum(1 for n in path if n <= last)
+    # (d) inspiration, (e) refinement, the draft's cache ------------------------------------------
+    def observe(self, step: Step) -> None:
+        d, ex, path = self.d, self.ex, step.path
+        l_d = sum(1 for n in path if n < len(d))
         l_c = len(path) - l_d
-        d_hat = argmax[root:last + 1]  # d̂_1..d̂_{m+1}: the target's token at each draft position
+        d_hat = step.argmax[:len(d) + 1]  # d̂_1..d̂_{m+1}: the target's token at each draft position
         won = -1
         if l_c:
-            won = next(i for i, nodes in enumerate(suffix_nodes) if nodes[:l_c] == path[l_d:])
+            won = next(i for i, nodes in enumerate(self.suffix_nodes) if nodes[:l_c] == path[l_d:])
         ex["sentence_draft_len"].append(len(d))
         ex["draft_accepted"].append(l_d)
         ex["suffix_won"].append(won)
         ex["suffix_accepted"].append(l_c)
         if l_d < len(d):
-            if self.inspiration:
-                for phrase in inspirations(d, d_hat, l_d, self.beta):
+            if self.c.inspiration:
+                for phrase in inspirations(d, d_hat, l_d, self.c.beta):
                     ex["inspirations"] += self.pool.insert(phrase)
-            if self.match_stats:
+            if self.c.match_stats:
                 ex["lcp"].append(l_d)
                 for k in MATCH_K:
                     ex["match_k"][k].append(match_k(d[l_d + 1:], d_hat[l_d + 1:len(d)], k))
-        if self.refinement:
-            for suffix, nodes in zip(suffixes, suffix_nodes):
-                if len(suffix) < self.beta - 1:  # cut by the budget: not the pool's phrase
+        if self.c.refinement:
+            parents = step.proposal.parents
+            for suffix, nodes in zip(self.suffixes, self.suffix_nodes):
+                if len(suffix) < self.c.beta - 1:  # cut by the budget: not the pool's phrase
                     continue
-                refined = [argmax[parents[n]] for n in nodes]  # the target's token at each suffix position
+                refined = [step.argmax[parents[n] + 1] for n in nodes]  # the target's token at each suffix position
                 if tuple(refined) != tuple(suffix):
-                    self.pool.replace(tokens[last], suffix, refined)
+                    self.pool.replace(self.key, suffix, refined)
                     ex["refinements"] += 1
-        return [tokens[n] for n in path] + [next_token], fed_suffix
+        # the draft keeps what it read of the committed sequence (less its last token, read next step)
+        seq = step.tokens
+        keep = min(lcp_length(self.draft_seq, seq), len(seq) - 1)
+        self.draft.crop(keep)
+        self.draft_seq = self.draft_seq[:keep]
+        ex["pool_size"].append(len(self.pool))

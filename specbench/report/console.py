@@ -40,6 +40,20 @@ def speedup_text(s: dict) -> str:
         (" unpaired" if s.get("paired") is False else "")
 
 
+ALPHA_SHOWN = 8  # positions of α_k the headline prints
+
+
+def alpha_text(alpha: list | None, shown: int = ALPHA_SHOWN) -> str:
+    """'0.71 0.55 0.43': α_1, α_2, ... up to the first position without data, at most ``shown`` of them ('…' when
+    more had data); '' when there is none (greedy, records without ``proposed``)."""
+    values = []
+    for value in alpha or []:
+        if value is None:
+            break
+        values.append(value)
+    return " ".join(f"{v:.2f}" for v in values[:shown]) + (" …" if len(values) > shown else "")
+
+
 def summary_rows(summaries: list[tuple[str, dict]]) -> list[list[str]]:
     rows = []
     for name, s in summaries:
@@ -74,6 +88,9 @@ def render_headline(name: str, s: dict) -> str:
         lines.append(f"speedup vs greedy: {s['speedup']:.2f}x (unpaired: the baseline was timed separately)")
     lines.append(f"tau (mean tokens per target forward): {fmt(s.get('tau'))}")
     lines.append(f"acceptance rate: {fmt(s.get('acceptance_rate'))}")
+    alpha = alpha_text(s.get("alpha"))
+    if alpha:
+        lines.append(f"α_k (per-position acceptance): {alpha}")
     if s.get("compared"):
         near = f" ({s['near_ties']} near-tie{'s' if s.get('near_ties', 0) != 1 else ''})" if s.get("near_ties") else ""
         unclassified = f", {s['unclassified']} unclassified" if s.get("unclassified") else ""

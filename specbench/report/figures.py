@@ -7,6 +7,7 @@ match_k_bars   Ouroboros Fig. 3: mean #Match-k of discarded draft tokens per rej
 oracle_sl_hist DISCO Fig. 4: distribution of the oracle speculation length
 tau_speedup    τ (tokens per target forward) against measured speed-up, one point per cell
 metric_bars    each numeric metric per row, ours beside the paper's (DISCO Table 5's F1)
+alpha_curve    per-position acceptance α_k against k, one line per cell (records with ``proposed`` only)
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from pathlib import Path
 from matplotlib.figure import Figure  # no pyplot: no global backend state, safe in notebooks and workers
 
 from ..disco.tables import oracle_statistics
+from ..metrics import acceptance_by_position
 from .paper import canonical, match_stats
 from .tables import METRICS, Metric, column_keys_of, label_for, row_keys_of
 
@@ -203,4 +205,35 @@ def metric_bars(exp, out_dir: Path) -> list[Path]:
     return save(fig, out_dir, "metric_bars")
 
 
-FIGURES = {f.__name__: f for f in (speed_bars, topk_curve, match_k_bars, oracle_sl_hist, tau_speedup, metric_bars)}
+def alpha_curve(exp, out_dir: Path) -> list[Path]:
+    """α_k (metrics.acceptance_by_position) against k from each cell's records, one line per cell named by its row
+    keys, one panel per column group (pair, temperature x task); cells whose records have no ``proposed`` (greedy,
+    records from before it was recorded) are left out, and positions no step reached are not drawn."""
+    panels: dict[str, dict[str, list[tuple[int, float]]]] = {}
+    row_keys, col_keys = row_keys_of(exp.spec), column_keys_of(exp.spec)
+    for c in ok_cells(exp):
+        points = [(k, a) for k, a in enumerate(acceptance_by_position(c.records), start=1) if a is not None]
+        if points:
+            panel = ", ".join(label_of(exp, k, c.value(k)) for k in col_keys) or exp.name
+            name = " / ".join(label_of(exp, k, c.value(k)) for k in row_keys) or c.spec.method
+            panels.setdefault(panel, {})[name] = points
+    if not panels:
+        return []
+    fig = Figure(figsize=(4.2 * len(panels) + 0.6, 3.4))
+    axes = fig.subplots(1, len(panels), squeeze=False)[0]
+    for ax, (title, lines) in zip(axes, panels.items()):
+        for name, points in lines.items():
+            ax.plot([k for k, _ in points], [a for _, a in points], marker="o", ms=3, label=name)
+        ax.set_ylim(0, 1.05)
+        ax.xaxis.get_major_locator().set_params(integer=True)
+        ax.set_xlabel("k (position in the proposal)")
+        ax.set_ylabel("α_k (accepted | k-1 accepted)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=6)
+        ax.set_title(title, fontsize=8)
+    fig.suptitle(exp.spec.get("title", exp.name), fontsize=9)
+    return save(fig, out_dir, "alpha_curve")
+
+
+FIGURES = {f.__name__: f for f in (speed_bars, topk_curve, match_k_bars, oracle_sl_hist, tau_speedup, metric_bars,
+                                   alpha_curve)}
