@@ -57,26 +57,15 @@ def acceptance_rate(records) -> float | None:
     return sum(r.get("accepted") or 0 for r in records) / drafted if drafted else None
 
 
-def accepted_per_step(turn: dict) -> list[tuple[int, int]]:
-    """(accepted draft tokens, proposed depth) per verification step of one generation (a single-turn record, or
-    one of a multi-turn record's ``turns``); [] when it has no ``proposed`` (records written before it existed,
-    hf_assisted when its call pattern did not fit) or the lists disagree in length.
-
-    The rule, from Generation.add_step: a step keeps its accepted draft tokens and then the target's own token,
-    so it accepted ``accept_lengths[i] - 1`` draft tokens (at most ``proposed[i]``). The one exception is a
-    *cut* step (an EOS among its accepted draft tokens, or the budget, ended the output inside them): it kept
-    only draft tokens, all accepted, so it accepted ``accept_lengths[i]`` of them, and add_step trimmed
-    ``proposed[i]`` to that same number. ``accept_lengths``/``proposed`` alone cannot tell a cut step (kept 3 of
-    a deeper proposal, proposed trimmed to 3) from a whole one (depth 3, 2 accepted + the target's token), but
-    only a generation's last step can be cut, and add_step counted it in ``accepted``: the last step was cut
-    exactly when ``accepted`` exceeds Σ(accept_lengths[i] - 1) by one and its ``accept_lengths <= proposed``.
-    """
-    lengths, proposed = turn.get("accept_lengths") or [], turn.get("proposed") or []
-    if not proposed or len(proposed) != len(lengths):
+def accepted_per_step(record: dict) -> list[tuple[int, int]]:
+    """(accepted draft tokens, proposed depth) per verification step of a record, both raw counters of
+    Generation.add_step (``accepted_steps``, ``proposed``: trimmed to the tokens the output keeps, so a step cut
+    at an EOS among its drafts counts the drafts up to it, and its depth is trimmed to them). [] when the record
+    has no ``proposed`` (records written before it existed, hf_assisted when its call pattern did not fit) or
+    the lists disagree in length."""
+    accepted, proposed = record.get("accepted_steps") or [], record.get("proposed") or []
+    if not proposed or len(proposed) != len(accepted):
         return []
-    accepted = [max(min(n - 1, p), 0) for n, p in zip(lengths, proposed)]
-    if turn.get("accepted") == sum(accepted) + 1 and lengths[-1] <= proposed[-1]:
-        accepted[-1] = lengths[-1]  # the last step was cut: every token it kept was an accepted draft token
     return list(zip(accepted, proposed))
 
 
@@ -84,11 +73,10 @@ def acceptance_by_position(records, max_k: int | None = None) -> list[float | No
     """Per-position acceptance [α_1, ..., α_K] over every verification step of ``records``.
 
     α_k = among steps whose proposal reached depth k and whose first k-1 draft tokens were all accepted, the
-    fraction that accepted the k-th too (accepted draft tokens per step: ``accepted_per_step``). K is the
-    deepest proposal, or ``max_k``; a position no step reached is None. [] when no step proposed anything
-    (greedy's zeros, records without ``proposed``). A multi-turn record is read turn by turn.
+    fraction that accepted the k-th too. K is the deepest proposal, or ``max_k``; a position no step reached is
+    None. [] when no step proposed anything (greedy's zeros, records without ``proposed``).
     """
-    steps = [s for r in records for turn in (r.get("turns") or [r]) for s in accepted_per_step(turn)]
+    steps = [s for r in records for s in accepted_per_step(r)]
     depth = max((p for _, p in steps), default=0) if max_k is None else max_k
     alpha: list[float | None] = []
     for k in range(1, depth + 1):

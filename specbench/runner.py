@@ -303,6 +303,7 @@ class Runner:
             "accepted": gen.accepted,
             "accept_lengths": gen.accept_lengths,
             "proposed": gen.proposed,  # per step: the proposal's depth (metrics.acceptance_by_position)
+            "accepted_steps": gen.accepted_steps,  # per step: of those, draft tokens accepted and kept
             "forward_sizes": gen.forward_sizes,
             "extra": gen.extra,
         }
@@ -325,6 +326,7 @@ def combine_turns(turns: list[dict]) -> dict:
         output_text="\n\n".join(t["output_text"] for t in turns),
         accept_lengths=[n for t in turns for n in t["accept_lengths"]],
         proposed=[n for t in turns for n in t.get("proposed") or []],
+        accepted_steps=[n for t in turns for n in t.get("accepted_steps") or []],
         forward_sizes={model: [k for t in turns for k in t["forward_sizes"].get(model, [])]
                        for model in ("target", "draft")},
         extra={},

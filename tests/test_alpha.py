@@ -26,16 +26,17 @@ EOS = 99
 
 def turn_of(gen: Generation) -> dict:
     """The fields of a record (one turn) that α reads, as Runner.measure_turn writes them."""
-    return {"accept_lengths": list(gen.accept_lengths), "proposed": list(gen.proposed), "accepted": gen.accepted}
+    return {"accept_lengths": list(gen.accept_lengths), "proposed": list(gen.proposed),
+            "accepted_steps": list(gen.accepted_steps), "accepted": gen.accepted}
 
 
-def rec(accept_lengths, proposed, accepted):
+def rec(accept_lengths, proposed, accepted_steps):
     """A single-turn record (the fields Runner.measure_turn writes, plus what summarize reads)."""
-    n = sum(accept_lengths)
+    n, accepted = sum(accept_lengths), sum(accepted_steps)
     return {"prompt_id": "p", "repeat": 0, "prompt_tokens": 3, "output_ids": [1] * n, "output_text": "x",
             "new_tokens": n, "wall_s": 1.0, "prefill_s": None, "target_forwards": len(accept_lengths),
             "draft_forwards": 0, "drafted": sum(proposed), "accepted": accepted, "accept_lengths": accept_lengths,
-            "proposed": proposed, "forward_sizes": {}, "extra": {}}
+            "proposed": proposed, "accepted_steps": accepted_steps, "forward_sizes": {}, "extra": {}}
 
 
 # -- the per-step rule -------------------------------------------------------------------------------------------
@@ -79,22 +80,22 @@ def test_a_step_cut_at_the_budget_and_an_eos_as_the_first_draft():
 
 def test_no_steps_without_proposed():
     assert accepted_per_step({"accept_lengths": [3, 1], "accepted": 2}) == []  # records written before it existed
-    assert accepted_per_step({"accept_lengths": [3, 1], "proposed": [], "accepted": 2}) == []  # hf_assisted, no fit
-    assert accepted_per_step({"accept_lengths": [3, 1], "proposed": [4], "accepted": 2}) == []  # lengths disagree
+    assert accepted_per_step({"accept_lengths": [3, 1], "proposed": [], "accepted_steps": []}) == []  # hf, no fit
+    assert accepted_per_step({"proposed": [4, 2], "accepted_steps": [2]}) == []  # lengths disagree
 
 
 # -- α_k by hand -------------------------------------------------------------------------------------------------
 
 def test_alpha_by_hand_over_records_with_a_cut_step():
-    whole = rec([3, 1, 5], [4, 4, 4], 6)  # accepted per step 2, 0, 4
-    cut = rec([2, 3], [4, 3], 4)          # 1, then a cut step: 3 (see the rule above)
+    whole = rec([3, 1, 5], [4, 4, 4], [2, 0, 4])
+    cut = rec([2, 3], [4, 3], [1, 3])  # a last step cut at an EOS among its drafts: 3 kept, all accepted drafts
     # α_1: 5 steps reach depth 1, 4 accept it (all but the 0) = 0.8
     # α_2: steps with >= 1 accepted and depth >= 2: 2, 4, 1, 3 -> 3 accept the 2nd = 0.75
     # α_3: >= 2 accepted and depth >= 3: 2, 4, 3 -> 4 and 3 accept the 3rd = 2/3
     # α_4: >= 3 accepted and depth >= 4: only the 4 (the cut step's depth is 3) -> 1.0
     assert acceptance_by_position([whole, cut]) == pytest.approx([0.8, 0.75, 2 / 3, 1.0])
-    # read as a whole step instead (2 accepted of depth 3), α_3 would be 1/3: the cut step counts
-    assert acceptance_by_position([whole, rec([2, 3], [4, 3], 3)]) == pytest.approx([0.8, 0.75, 1 / 3, 1.0])
+    # the same accept_lengths from a whole last step (2 accepted of depth 3 + the target's token): α_3 = 1/3
+    assert acceptance_by_position([whole, rec([2, 3], [4, 3], [1, 2])]) == pytest.approx([0.8, 0.75, 1 / 3, 1.0])
     # max_k: cut short, or padded with None where no step reached
     assert acceptance_by_position([whole, cut], max_k=2) == pytest.approx([0.8, 0.75])
     assert acceptance_by_position([whole], max_k=6)[4:] == [None, None]
@@ -102,37 +103,36 @@ def test_alpha_by_hand_over_records_with_a_cut_step():
     assert acceptance_by_position([whole]) == pytest.approx([2 / 3, 1.0, 0.5, 1.0])
 
 
-def test_a_multi_turn_record_is_read_turn_by_turn():
+def test_a_multi_turn_record_concatenates_its_turns_steps():
     # two turns each ending in a cut step; the top-level lists are the turns' concatenated, accepted summed
-    t1, t2 = rec([2, 3], [4, 3], 4), rec([3, 2], [2, 2], 4)  # steps (1, 4), (3, 3); then (2, 2), (2, 2)
+    t1, t2 = rec([2, 3], [4, 3], [1, 3]), rec([3, 2], [2, 2], [2, 2])  # steps (1, 4), (3, 3); then (2, 2), (2, 2)
     record = {**combine_turns([t1, t2]), "prompt_id": "p", "repeat": 0, "turns": [t1, t2]}
     assert record["proposed"] == [4, 3, 2, 2] and record["accepted"] == 8
     # α_1: 4 of 4; α_2: all 4 reach it (>= 1 accepted, depth >= 2), 3 accept it ((1, 4) does not) = 0.75;
     # α_3: only (3, 3) reaches it (>= 2 accepted, depth >= 3) and accepts = 1.0; α_4: (1, 4) had 1 accepted: None
     assert acceptance_by_position([record]) == [1.0, 0.75, 1.0, None]
-    # the concatenated lists alone: accepted 8 is Σ(length - 1) = 6 plus 2, no single cut step to fix, so the
-    # steps read (1, 4), (2, 3), (2, 2), (1, 2): α_2 = 2/4, α_3 = 0/1 (both cut steps undercounted)
-    flat = {k: v for k, v in record.items() if k != "turns"}
-    assert acceptance_by_position([flat]) == [1.0, 0.5, 0.0, None]
+    assert record["accepted_steps"] == [1, 3, 2, 2]  # the raw per-step counts concatenate like the other lists
 
 
 def test_no_alpha_for_greedy_or_old_records():
-    greedy = rec([1, 1, 1], [0, 0, 0], 0)
-    old = {k: v for k, v in rec([3, 2], [4, 4], 3).items() if k != "proposed"}
+    greedy = rec([1, 1, 1], [0, 0, 0], [0, 0, 0])
+    old = {k: v for k, v in rec([3, 2], [4, 4], [2, 1]).items() if k not in ("proposed", "accepted_steps")}
     assert acceptance_by_position([greedy]) == [] and acceptance_by_position([old]) == []
     assert acceptance_by_position([]) == []
     assert summarize([greedy])["alpha"] is None and summarize([old])["alpha"] is None
     combined = combine_turns([old, old])
     assert combined["proposed"] == []  # turns written before ``proposed``: an empty list, no α
     # mixed with records that have it: only those count
-    assert acceptance_by_position([old, greedy, rec([3, 1, 5], [4, 4, 4], 6)]) == pytest.approx([2 / 3, 1.0, 0.5, 1.0])
+    assert acceptance_by_position([old, greedy, rec([3, 1, 5], [4, 4, 4], [2, 0, 4])]) == pytest.approx(
+        [2 / 3, 1.0, 0.5, 1.0])
 
 
 def test_summary_and_headline():
-    s = summarize([rec([3, 1, 5], [4, 4, 4], 6)])
+    s = summarize([rec([3, 1, 5], [4, 4, 4], [2, 0, 4])])
     assert s["alpha"] == pytest.approx([2 / 3, 1.0, 0.5, 1.0])
     assert "α_k (per-position acceptance): 0.67 1.00 0.50 1.00" in render_headline("m", s).splitlines()
-    assert not any(line.startswith("α_k") for line in render_headline("g", summarize([rec([1], [0], 0)])).splitlines())
+    greedy_lines = render_headline("g", summarize([rec([1], [0], [0])])).splitlines()
+    assert not any(line.startswith("α_k") for line in greedy_lines)
     assert alpha_text([0.5, None, 0.25]) == "0.50"  # up to the first position without data
     assert alpha_text([0.5] * 10, shown=3) == "0.50 0.50 0.50 …"
     assert alpha_text(None) == alpha_text([]) == ""
@@ -164,7 +164,7 @@ def test_methods_record_a_proposal_depth_per_step(name):
         assert len(gen.proposed) == len(gen.accept_lengths) > 0, (name, gen.proposed, gen.accept_lengths)
         per_step = accepted_per_step(turn_of(gen))
         assert all(0 <= a <= p for a, p in per_step), (name, per_step)
-        assert sum(a for a, _ in per_step) == gen.accepted  # the rule recovers the loop's own count
+        assert sum(a for a, _ in per_step) == gen.accepted  # the per-step counts add up to the total
         if name == "speculative":
             assert all(p <= 4 for p in gen.proposed)
         if name == "hf_assisted":
@@ -223,11 +223,11 @@ def experiment(*cells):
 
 def test_alpha_curve_draws_one_line_per_cell_with_proposed(tmp_path):
     assert FIGURES["alpha_curve"] is alpha_curve
-    greedy = cell("greedy", [rec([1, 1], [0, 0], 0)])
-    old = cell("lookahead", [{k: v for k, v in rec([3, 2], [4, 4], 3).items() if k != "proposed"}])
+    greedy = cell("greedy", [rec([1, 1], [0, 0], [0, 0])])
+    old = cell("lookahead", [{k: v for k, v in rec([3, 2], [4, 4], [2, 1]).items() if k != "proposed"}])
     assert alpha_curve(experiment(greedy, old), tmp_path / "none") == []  # no α anywhere: no figure
-    paths = alpha_curve(experiment(greedy, old, cell("speculative", [rec([3, 1, 5], [4, 4, 4], 6)]),
-                                   cell("ouroboros", [rec([2, 3], [4, 3], 4)]), cell("x", [], status="not run yet")),
-                        tmp_path)
+    speculative = cell("speculative", [rec([3, 1, 5], [4, 4, 4], [2, 0, 4])])
+    ouroboros = cell("ouroboros", [rec([2, 3], [4, 3], [1, 3])])
+    paths = alpha_curve(experiment(greedy, old, speculative, ouroboros, cell("x", [], status="not run yet")), tmp_path)
     assert [p.name for p in paths] == ["alpha_curve.png", "alpha_curve.pdf"]
     assert all(p.stat().st_size > 5000 for p in paths)

@@ -16,6 +16,7 @@ class Generation:
     accepted: int = 0  # of those, accepted by the verifier and kept in ``tokens``
     accept_lengths: list[int] = field(default_factory=list)  # per verification step: tokens it added to ``tokens``
     proposed: list[int] = field(default_factory=list)  # per step: depth of the proposal (most tokens it could accept)
+    accepted_steps: list[int] = field(default_factory=list)  # per step: of those, accepted and kept (α_k reads both)
     extra: dict = field(default_factory=dict)  # method-specific raw counters
     forward_sizes: dict = field(default_factory=dict)  # {"target": [tokens fed per call], "draft": [...]}
 
@@ -42,6 +43,7 @@ class Generation:
         self.accepted += min(accepted, kept)
         if proposed is not None:
             self.proposed.append(proposed if kept == len(emitted) else min(proposed, kept))
+            self.accepted_steps.append(min(accepted, kept))
 
     def count_forwards(self, target, draft=None) -> None:
         """Forward counts and the tokens fed per forward (the cost model of ``make bench`` reads these),

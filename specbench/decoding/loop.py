@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
+import torch
+
 from .cached_lm import CachedLM
 from .generation import Generation, finalize_tokens, is_finished
 from .proposal import Proposal, Proposer, Step, StepContext
@@ -15,47 +17,51 @@ from .sampling import Sampler
 from .verify import verify_tree_argmax, verify_tree_sampling
 
 
-def feed(lm: CachedLM, pending: Sequence[int], proposal: Proposal):
+def feed(lm: CachedLM, pending: Sequence[int], proposal: Proposal) -> tuple[torch.Tensor, list[int] | None]:
     """One forward of ``lm`` over ``pending`` (committed tokens it has not read, >= 1: the prompt on the first
-    step, else x0), the proposal hung from x0 and the side nodes; returns the logits at x0 and at every
-    proposal and side node, (1 + n + s, V).
+    step, else x0), the side nodes and the proposal, both hung from x0. Returns the logits at x0, at every
+    proposal node and at every side node, (1 + n + s, V), and the cache positions of the proposal's nodes
+    (None when fed as a plain sequence: node i then sits right after x0 + i).
 
     A chain with no side nodes is fed as a plain causal sequence (the cheapest kernel); anything else as a
-    token tree (token_tree.py) unless ``proposal.fed_as_tree`` forces the tree mask even for a chain.
+    token tree (token_tree.py) unless ``proposal.fed_as_tree`` forces the tree mask even for a chain. In a
+    tree the side nodes come first, then the proposal (the block layout lookahead and Ouroboros were measured
+    with: rows are computed together, and in bf16 a different layout can round a near-tie differently).
     """
-    n = len(proposal.tokens)
-    if proposal.is_chain and not proposal.side_tokens and not proposal.fed_as_tree:
-        return lm.forward(list(pending) + proposal.tokens, keep_last=n + 1)
-    root = len(pending) - 1
+    n, s = len(proposal.tokens), len(proposal.side_tokens)
+    if proposal.is_chain and not s and not proposal.fed_as_tree:
+        return lm.forward(list(pending) + proposal.tokens, keep_last=n + 1), None
+    past, root = lm.length, len(pending) - 1
     parents = list(range(-1, len(pending) - 1))
-    parents += [root if p < 0 else root + 1 + p for p in proposal.parents]
-    parents += [root if p < 0 else root + 1 + n + p for p in proposal.side_parents]
-    block = list(pending) + proposal.tokens + proposal.side_tokens
-    return lm.forward(block, parents=parents, keep_last=len(block) - root)
+    parents += [root if p < 0 else root + 1 + p for p in proposal.side_parents]
+    parents += [root if p < 0 else root + 1 + s + p for p in proposal.parents]
+    block = list(pending) + proposal.side_tokens + proposal.tokens
+    rows = lm.forward(block, parents=parents, keep_last=len(block) - root)  # x0, side nodes, proposal nodes
+    logits = torch.cat([rows[:1], rows[1 + s:], rows[1:1 + s]])
+    return logits, [past + root + 1 + s + node for node in range(n)]
 
 
 def verify_step(lm: CachedLM, tokens: list[int], proposal: Proposal, sampler: Sampler | None) -> Step:
     """Feed, verify and commit one proposal after the committed ``tokens`` (appended to in place with the
     step's emitted tokens). Afterwards the cache holds every committed token but the new last one (x0 of the
-    next step): a chain is cropped, a tree keeps the accepted path's positions.
+    next step): a plain chain is cropped, a tree keeps the accepted path's positions.
 
     sampler None or greedy: the target's argmax path (output identical to greedy decoding); else recursive
     rejection sampling (output distributed as the target's).
     """
     past = lm.length
     pending = tokens[past:]
-    logits = feed(lm, pending, proposal)  # (1 + n + s, V)
+    logits, positions = feed(lm, pending, proposal)  # (1 + n + s, V)
     n = len(proposal.tokens)
     argmax = logits.argmax(dim=-1).tolist()
     if sampler is None or sampler.greedy:
         path, next_token = verify_tree_argmax(proposal, argmax)
     else:
         path, next_token = verify_tree_sampling(proposal, sampler.probs(logits[:n + 1]), sampler)
-    if proposal.is_chain:  # the accepted nodes are a prefix of the fed block; side nodes come after
+    if positions is None:  # fed as a plain sequence: the accepted nodes are a prefix of it
         lm.crop(past + len(pending) + len(path))
     else:
-        root = past + len(pending) - 1
-        lm.keep_positions(list(range(root + 1)) + [root + 1 + node for node in path])
+        lm.keep_positions(list(range(past + len(pending))) + [positions[node] for node in path])
     step = Step(proposal, path, next_token, argmax[:n + 1], argmax[n + 1:], tokens)
     tokens += step.emitted
     return step

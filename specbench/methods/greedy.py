@@ -24,6 +24,7 @@ class Greedy(DecodingMethod):
             logits = target.forward([token])[-1]
         tokens = finalize_tokens(out, max_new_tokens, eos_ids)
         # one token per target forward (τ = 1), nothing proposed (no α_k)
-        gen = Generation(tokens=tokens, accept_lengths=[1] * len(tokens), proposed=[0] * len(tokens))
+        gen = Generation(tokens=tokens, accept_lengths=[1] * len(tokens), proposed=[0] * len(tokens),
+                         accepted_steps=[0] * len(tokens))
         gen.count_forwards(target)
         return gen
