@@ -383,8 +383,8 @@ def test_notes_warn_about_concurrent_timing_and_far_apart_baselines():
 def test_a_failed_job_does_not_stop_the_sweep_and_its_cell_says_why(tmp_path):
     records = tmp_path / "records"
     common = ["model=tiny_llama", "data=gsm8k", "data.limit=1", "data.max_new_tokens=8", "sampling.temperature=1"]
-    proc = run_cli("-m", "+experiment=griffin_table1", *common, "method=oracle_sl,speculative", records_dir=records,
-                   check=False)
+    common.append("method=oracle_sl,speculative")  # the oracle SL needs temperature 0: its job fails
+    proc = run_cli("-m", "+experiment=griffin_table1", *common, records_dir=records, check=False)
     assert proc.returncode != 0 and "supports temperature 0 only" in proc.stderr
     table = render_experiment("griffin_table1", [*common, f"runner.records_dir={records}"], out=tmp_path)["table"]
     rows = {r[1]: r[2:] for r in table.rows if r[0] == "tiny-llama"}
