@@ -30,6 +30,7 @@ rejected step: lcp (l_d) and match_k[k] (#Match-k of the discarded d_{l_d+2..} v
 from __future__ import annotations
 
 import random
+from dataclasses import asdict, dataclass, field
 
 from ..decoding.cached_lm import CachedLM, draft_lm
 from ..decoding.jacobi import JacobiWindow, lookahead_step
@@ -63,6 +64,30 @@ def inspirations(d, d_hat, l_d: int, beta: int) -> list[list[int]]:
     m = len(d)
     return [list(d_hat[k:k + beta]) for k in range(l_d + 1, m - beta + 2)
             if list(d[k:k + beta - 1]) == list(d_hat[k:k + beta - 1])]
+
+
+@dataclass
+class OuroborosCounters:
+    """Raw counters of one generation (the record's ``extra``; the module docstring says what each is)."""
+
+    sentence_draft_len: list[int] = field(default_factory=list)  # per step: |d|
+    draft_accepted: list[int] = field(default_factory=list)  # per step: l_d
+    suffix_won: list[int] = field(default_factory=list)  # per step: index of the accepted suffix, -1 none
+    suffix_accepted: list[int] = field(default_factory=list)  # per step: l_c
+    pool_size: list[int] = field(default_factory=list)  # per step: phrases in the pool after it
+    draft_phrase_steps: int = 0  # draft lookahead steps
+    draft_pool_hits: int = 0  # of those, steps that accepted a pooled phrase
+    suffix_tokens: int = 0  # suffix trie nodes fed to the target
+    inspirations: int = 0  # phrases new to the pool from (d)
+    refinements: int = 0  # suffixes replaced by (e)
+
+
+@dataclass
+class MatchStats:
+    """Table 1 statistics per rejected step (``match_stats``): l_d and #Match-k of the discarded draft."""
+
+    lcp: list[int] = field(default_factory=list)
+    match_k: dict[int, list[int]] = field(default_factory=lambda: {k: [] for k in MATCH_K})
 
 
 class Ouroboros(PooledMethod):
@@ -104,14 +129,11 @@ class OuroborosProposer:
     def __init__(self, config: Ouroboros, draft: CachedLM, window: JacobiWindow | None):
         self.c, self.pool, self.draft, self.window = config, config.pool, draft, window
         self.draft_seq: list[int] = []  # tokens held by the draft's cache
-        ex = {key: [] for key in ("sentence_draft_len", "draft_accepted", "suffix_won", "suffix_accepted", "pool_size")}
-        ex.update(draft_phrase_steps=0, draft_pool_hits=0, suffix_tokens=0, inspirations=0, refinements=0)
-        if config.match_stats:
-            ex.update(lcp=[], match_k={k: [] for k in MATCH_K})
-        self.ex = ex
+        self.ex = OuroborosCounters()
+        self.match_stats = MatchStats() if config.match_stats else None
 
     def extra(self) -> dict:
-        return self.ex
+        return {**asdict(self.ex), **(asdict(self.match_stats) if self.match_stats else {})}
 
     # (a) sentence draft ---------------------------------------------------------------------
     def _sentence_draft(self, seq: list[int], limit: int, eos_ids) -> list[int]:
@@ -123,8 +145,8 @@ class OuroborosProposer:
                 step = lookahead_step(self.draft, drafted, self.window, self.pool, None)
                 self.draft_seq = drafted[:-1]
                 d += step.emitted
-                self.ex["draft_phrase_steps"] += 1
-                self.ex["draft_pool_hits"] += bool(step.path)
+                self.ex.draft_phrase_steps += 1
+                self.ex.draft_pool_hits += bool(step.path)
             else:
                 d.append(int(self.draft.forward(drafted[len(self.draft_seq):], keep_last=1)[-1].argmax()))
                 self.draft_seq = drafted
@@ -143,7 +165,7 @@ class OuroborosProposer:
         suffixes = self.pool.newest(self.key, self.c.top_k) if self.c.candidate_suffixes and room > 0 else []
         self.suffixes = [suffix[:room] for suffix in suffixes]
         self.suffix_nodes = proposal.add_paths(self.suffixes, under=self.last)
-        self.ex["suffix_tokens"] += len(proposal.tokens) - len(d)
+        self.ex.suffix_tokens += len(proposal.tokens) - len(d)
         return proposal
 
     # (d) inspiration, (e) refinement, the draft's cache ------------------------------------------
@@ -155,18 +177,18 @@ class OuroborosProposer:
         won = -1
         if l_c:
             won = next(i for i, nodes in enumerate(self.suffix_nodes) if nodes[:l_c] == path[l_d:])
-        ex["sentence_draft_len"].append(len(d))
-        ex["draft_accepted"].append(l_d)
-        ex["suffix_won"].append(won)
-        ex["suffix_accepted"].append(l_c)
+        ex.sentence_draft_len.append(len(d))
+        ex.draft_accepted.append(l_d)
+        ex.suffix_won.append(won)
+        ex.suffix_accepted.append(l_c)
         if l_d < len(d):
             if self.c.inspiration:
                 for phrase in inspirations(d, d_hat, l_d, self.c.beta):
-                    ex["inspirations"] += self.pool.insert(phrase)
-            if self.c.match_stats:
-                ex["lcp"].append(l_d)
+                    ex.inspirations += self.pool.insert(phrase)
+            if self.match_stats is not None:
+                self.match_stats.lcp.append(l_d)
                 for k in MATCH_K:
-                    ex["match_k"][k].append(match_k(d[l_d + 1:], d_hat[l_d + 1:len(d)], k))
+                    self.match_stats.match_k[k].append(match_k(d[l_d + 1:], d_hat[l_d + 1:len(d)], k))
         if self.c.refinement:
             parents = step.proposal.parents
             for suffix, nodes in zip(self.suffixes, self.suffix_nodes):
@@ -175,10 +197,10 @@ class OuroborosProposer:
                 refined = [step.argmax[parents[n] + 1] for n in nodes]  # the target's token at each suffix position
                 if tuple(refined) != tuple(suffix):
                     self.pool.replace(self.key, suffix, refined)
-                    ex["refinements"] += 1
+                    ex.refinements += 1
         # the draft keeps what it read of the committed sequence (less its last token, read next step)
         seq = step.tokens
         keep = min(lcp_length(self.draft_seq, seq), len(seq) - 1)
         self.draft.crop(keep)
         self.draft_seq = self.draft_seq[:keep]
-        ex["pool_size"].append(len(self.pool))
+        ex.pool_size.append(len(self.pool))
