@@ -90,6 +90,16 @@ def sample_generations(method, prompt: list[int], max_new_tokens: int, eos_ids: 
     return counts, gens
 
 
+def outputs_by_seed(method, prompt: list[int], max_new_tokens: int, seeds=range(6)) -> set[tuple[int, ...]]:
+    """The distinct outputs of ``method`` reset to each seed in turn (no EOS): as many as seeds unless a seed
+    is ignored."""
+    outputs = set()
+    for seed in seeds:
+        method.reset(seed)
+        outputs.add(tuple(method.generate(prompt, max_new_tokens, set()).tokens))
+    return outputs
+
+
 def goodness_of_fit(counts: Counter, dist: dict[tuple, float], min_expected: float = 5.0) -> float:
     """Pearson chi-square p-value of the observed generations against ``dist``: cells expected below
     ``min_expected`` times are pooled into one (so the chi-square approximation holds); a generation ``dist``

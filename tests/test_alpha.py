@@ -19,6 +19,7 @@ from specbench.report.console import alpha_text, render_headline
 from specbench.report.figures import FIGURES, alpha_curve
 from specbench.runner import Runner, combine_turns
 
+from .test_counters import distinct_start
 from .test_equivalence import greedy_reference, pair_for
 
 EOS = 99
@@ -187,11 +188,7 @@ def test_lookahead_records_the_depth_of_a_guess_the_target_accepts():
 
 def test_an_eos_accepted_as_a_draft_token_counts_as_accepted():
     pair = pair_for("llama", 0.0)  # the draft is the target: every draft token is accepted
-    for start in range(3, 200):  # a prompt whose greedy output starts with three distinct tokens
-        prompt = [start, start + 1, start + 2]
-        greedy = Greedy(pair, "greedy").generate(prompt, 12, set()).tokens
-        if len(set(greedy[:3])) == 3:
-            break
+    prompt, greedy = distinct_start(pair)  # greedy's first three tokens are distinct
     gen = SpeculativeDecoding(pair, "speculative", gamma=5).generate(prompt, 12, {greedy[2]})
     assert gen.accept_lengths == [3] and gen.proposed == [3] and gen.accepted == 3
     assert acceptance_by_position([turn_of(gen)]) == [1.0, 1.0, 1.0]

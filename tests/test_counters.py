@@ -71,14 +71,20 @@ def test_a_lookahead_step_past_the_budget_counts_only_the_kept_token():
     assert gen.drafted == 0  # guesses longer than the budget can use are not even verified
 
 
+def distinct_start(pair, max_new_tokens: int = 12) -> tuple[list[int], list[int]]:
+    """(prompt, greedy output) for a prompt whose greedy output starts with three distinct tokens."""
+    for start in range(3, 200):
+        prompt = [start, start + 1, start + 2]
+        greedy = Greedy(pair, "greedy").generate(prompt, max_new_tokens, set()).tokens
+        if len(set(greedy[:3])) == 3:
+            return prompt, greedy
+    raise AssertionError("no prompt in range gives three distinct first tokens")
+
+
 @pytest.mark.parametrize("name", ["speculative", "ouroboros_plain"])
 def test_an_eos_inside_the_draft_ends_the_count(name):
     pair = pair_for("llama", 0.0)  # the draft is the target: every draft token is accepted
-    for start in range(3, 200):  # a prompt whose greedy output starts with three distinct tokens
-        prompt = [start, start + 1, start + 2]
-        greedy = Greedy(pair, "greedy").generate(prompt, 12, set()).tokens
-        if len(set(greedy[:3])) == 3:
-            break
+    prompt, greedy = distinct_start(pair)
     eos = {greedy[2]}
     gen = METHODS[name](pair, 5).generate(prompt, 12, eos)
     assert gen.tokens == greedy[:3]

@@ -15,7 +15,7 @@ from specbench.methods.speculative import SpeculativeDecoding
 from specbench.models.tiny import build_tiny_pair
 
 from .distribution_helpers import one_thread  # noqa: F401  (autouse fixture: one torch thread)
-from .distribution_helpers import (EOS, MAX_NEW, PROMPT, exact_sequence_distribution, goodness_of_fit,
+from .distribution_helpers import (EOS, MAX_NEW, PROMPT, exact_sequence_distribution, goodness_of_fit, outputs_by_seed,
                                    reference_probs, sample_generations, small_vocab_pair)
 
 ALPHA = 1e-3
@@ -59,11 +59,8 @@ def test_constructor_seed_is_used_like_reset(byte_pair):
 
 def test_different_seeds_give_different_outputs(byte_pair):
     method = HFAssisted(byte_pair, "hf_assisted", gamma=3, temperature=1.0)
-    outputs = set()
-    for seed in range(6):
-        method.reset(seed)
-        outputs.add(tuple(method.generate([10, 20, 30], 12, set()).tokens))
-    assert len(outputs) == 6  # 12 tokens at T=1 over 259 tokens: a repeat would mean the seed is ignored
+    # 12 tokens at T=1 over 259 tokens: a repeat would mean the seed is ignored
+    assert len(outputs_by_seed(method, [10, 20, 30], 12)) == 6
 
 
 # -- distributions --------------------------------------------------------------------------------------------------

@@ -7,7 +7,14 @@ import torch
 from scipy.stats import chisquare
 
 from specbench.decoding.sampling import Sampler
-from specbench.decoding.verify import verify_rejection
+from specbench.decoding.proposal import Proposal
+from specbench.decoding.verify import verify_tree_sampling
+
+
+def verify_rejection(draft, draft_probs, target_probs, sampler):
+    """Speculative sampling of a chain: (draft tokens accepted, the target's next token)."""
+    path, nxt = verify_tree_sampling(Proposal.chain(draft, draft_probs), target_probs, sampler)
+    return len(path), nxt
 
 
 def test_top_p_keeps_smallest_nucleus():

@@ -4,7 +4,8 @@ import json
 import torch
 
 from specbench.decoding.generation import finalize_tokens, is_finished
-from specbench.decoding.verify import verify_greedy
+from specbench.decoding.proposal import Proposal
+from specbench.decoding.verify import verify_tree_argmax
 from specbench.metrics import first_divergence
 from specbench.records import RecordStore
 
@@ -13,6 +14,12 @@ def one_hot_logits(tokens, vocab=10):
     logits = torch.full((len(tokens), vocab), -5.0)
     logits[torch.arange(len(tokens)), torch.tensor(tokens)] = 5.0
     return logits
+
+
+def verify_greedy(draft, target_logits):
+    """Greedy verification of a chain: (draft tokens accepted, the target's next token)."""
+    path, nxt = verify_tree_argmax(Proposal.chain(draft), target_logits.argmax(dim=-1).tolist())
+    return len(path), nxt
 
 
 def test_finalize_cuts_after_first_eos_and_caps():

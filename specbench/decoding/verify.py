@@ -1,9 +1,9 @@
-"""Verification against one target forward: of a linear draft d_1..d_γ (``verify_greedy``,
-``verify_rejection``: they return (n, next), n draft tokens accepted) and of a token tree, a chain
-included (``verify_tree_argmax``, ``verify_tree_sampling``: they return (accepted path, next), the path
-as proposal node indices). ``next`` is the token the target contributes after the accepted ones (the
-correction at the first rejection, or the bonus token when the path reaches a leaf), so τ counts the
-accepted tokens + 1. The speculative loop (loop.py) uses the tree verifiers for every method.
+"""Verification of a proposal (a token tree; a draft d_1..d_γ is the chain) against one target forward:
+greedy (``verify_tree_argmax``) and recursive rejection sampling (``verify_tree_sampling``, which on a chain is
+Leviathan et al.'s / Chen et al.'s speculative sampling). Both return (accepted path, next): the path as
+proposal node indices, ``next`` the token the target contributes after them (the correction at the first
+rejection, or the bonus token when the path reaches a leaf), so τ counts the accepted tokens + 1. The
+speculative loop (loop.py) calls them for every method.
 """
 from __future__ import annotations
 
@@ -12,43 +12,6 @@ from typing import Sequence
 import torch
 
 from .sampling import Sampler
-
-
-def verify_greedy(draft: Sequence[int], target_logits: torch.Tensor) -> tuple[int, int]:
-    """Greedy (temperature 0) verification.
-
-    target_logits: (γ+1, V); row i predicts the token after d_i (row 0: after the last committed token).
-    Accept the longest prefix of the draft equal to the target's argmax, then emit the argmax after it.
-    """
-    target_tokens = target_logits.argmax(dim=-1).tolist()  # (γ+1,)
-    n = 0
-    while n < len(draft) and draft[n] == target_tokens[n]:
-        n += 1
-    return n, target_tokens[n]
-
-
-def verify_rejection(
-    draft: Sequence[int],
-    draft_probs: torch.Tensor,
-    target_probs: torch.Tensor,
-    sampler: Sampler,
-) -> tuple[int, int]:
-    """Speculative sampling (Leviathan et al. 2023; Chen et al. 2023): output ~ p exactly.
-
-    draft_probs q: (γ, V), the distributions d_i were sampled from.
-    target_probs p: (γ+1, V), the target's distributions at the same positions (+1 for the bonus).
-    Accept d_i with probability min(1, p_i(d_i) / q_i(d_i)); at the first rejection sample from
-    norm(max(0, p_i - q_i)); if all γ are accepted sample the bonus from p_γ.
-    """
-    for i, token in enumerate(draft):
-        p, q = float(target_probs[i, token]), float(draft_probs[i, token])
-        if sampler.uniform() * q < p:  # u < p/q, written without dividing by q
-            continue
-        residual = (target_probs[i] - draft_probs[i]).clamp_min(0.0)
-        if float(residual.sum()) <= 0.0:  # p == q up to rounding: p itself is the residual's limit
-            residual = target_probs[i]
-        return i, sampler.sample(residual / residual.sum())
-    return len(draft), sampler.sample(target_probs[len(draft)])
 
 
 def verify_tree_sampling(proposal, target_probs: torch.Tensor, sampler: Sampler) -> tuple[list[int], int]:
@@ -67,7 +30,8 @@ def verify_tree_sampling(proposal, target_probs: torch.Tensor, sampler: Sampler)
     mass: p_u with t_i zeroed) and try the next child. When no child is accepted, sample from p_u (the bonus
     token at a leaf). Each try outputs min(p_u, q_i) and passes on exactly the mass max(0, p_u - q_i), so by
     induction over the children the token chosen at u is distributed as p_u; with one child per node this is
-    ``verify_rejection`` draw for draw.
+    speculative sampling of a chain: accept d_i with probability min(1, p_i(d_i) / q_i(d_i)), at the first
+    rejection sample from norm(max(0, p_i - q_i)), after the last draft sample the bonus from p.
     """
     kids = proposal.children()
     path, node = [], -1

@@ -159,12 +159,11 @@ class OuroborosProposer:
         self.d = d = self._sentence_draft(context.tokens, context.room, context.eos_ids)
         proposal = Proposal(fed_as_tree=True)
         proposal.add_paths([d])
-        self.last = len(d) - 1  # d_m's node (-1: x0, when d is empty)
         self.key = d[-1] if d else context.tokens[-1]
         room = context.room - len(d)
         suffixes = self.pool.newest(self.key, self.c.top_k) if self.c.candidate_suffixes and room > 0 else []
         self.suffixes = [suffix[:room] for suffix in suffixes]
-        self.suffix_nodes = proposal.add_paths(self.suffixes, under=self.last)
+        self.suffix_nodes = proposal.add_paths(self.suffixes, under=len(d) - 1)  # under d_m (-1: x0, d empty)
         self.ex.suffix_tokens += len(proposal.tokens) - len(d)
         return proposal
 
