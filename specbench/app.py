@@ -11,7 +11,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from transformers.utils import logging as transformers_logging
 
-from .config_check import check_components, check_settings
+from .config_check import check_settings
 from .environment import available_cores
 from .errors import ConfigError, LosslessnessError, require
 from .lossless import LosslessCheck
@@ -41,7 +41,7 @@ def build(node: DictConfig, key: str, **kwargs):
         raise ConfigError(f"{key}._target_: cannot build {node.get('_target_')!r}: {exc}") from exc
 
 
-def spec_for(cfg: DictConfig, method_cfg: DictConfig) -> RunSpec:
+def spec_for(cfg: DictConfig, method_cfg: DictConfig, engine=None) -> RunSpec:
     """Run identity: everything that makes numbers comparable (data.limit excluded: it only selects prompts).
 
     The identity is the configuration as written (``model.dtype: auto``, ``runner.threads: null``), so the
@@ -65,6 +65,9 @@ def spec_for(cfg: DictConfig, method_cfg: DictConfig) -> RunSpec:
     }
     if method != OmegaConf.to_container(cfg.baseline, resolve=True):
         identity["pairing"] = pairing_mode(cfg)
+    engine_identity = (engine or engine_of(cfg)).identity(cfg)
+    if engine_identity:  # engine=hf adds nothing: runs measured before engines existed keep their keys
+        identity.update(engine_identity)
     return RunSpec(key=run_key(identity), method=method_cfg.name, pair=cfg.model.name, data=cfg.data.name,
                    records_dir=Path(cfg.runner.records_dir))
 
@@ -99,17 +102,27 @@ def check_resolution(specs: list[RunSpec], examples, precision, threads: int) ->
                     "you mean explicitly.")
 
 
+def engine_of(cfg: DictConfig):
+    """The ``engine`` node built (a settings object: nothing starts); engine=hf when the config has none."""
+    if cfg.get("engine") is None:
+        from .engines.hf import HfEngine
+
+        return HfEngine()
+    return build(cfg.engine, "engine")
+
+
 def run(cfg: DictConfig, pair=None) -> dict:
     """Run one benchmark; returns the summary of the measured method (with speedup vs its baseline).
 
     pair: an already loaded ModelPair built from ``cfg.model`` (pipelines running many benchmarks on one
     pair load it once); None loads it here.
     """
-    check_settings(cfg)  # top-level keys, runner, a writable runner.records_dir
-    spec = spec_for(cfg, cfg.method)
+    check_settings(cfg)  # top-level keys, runner, engine's keys, a writable runner.records_dir
+    engine = engine_of(cfg)
+    spec = spec_for(cfg, cfg.method, engine)
     try:
-        check_components(cfg, pair)  # sampling and every _target_ node, before any model loads
-        summary = measure(cfg, spec, pair)
+        engine.check(cfg, pair)  # sampling and every _target_ node, before any model loads or engine starts
+        summary = engine.measure(cfg, spec, pair)
     except ConfigError as exc:  # say why this cell of a sweep is empty (the report reads it)
         write_json(spec.error_path, {"error": str(exc), "method": spec.method, "pair": spec.pair, "data": spec.data,
                                      "timestamp": time.time()})
@@ -166,13 +179,22 @@ def measure(cfg: DictConfig, spec: RunSpec, pair=None) -> dict:
             runner.tracker = tracker
             (records,) = runner.run([method], examples, warmup_example, reference=baseline_records)
 
+    return finish(cfg, spec, base_spec, records, baseline_records, tracker,
+                  precision=pair.precision.as_record(), dtype=pair.dtype, threads=threads)
+
+
+def finish(cfg: DictConfig, spec: RunSpec, base_spec: RunSpec, records: list[dict], baseline_records, tracker,
+           **facts) -> dict:
+    """Summaries of the method (and its baseline), written, logged and printed; runner.strict_lossless enforced.
+    ``facts``: what the summary says about how the run was measured (dtype, precision, threads ...)."""
+    exact = cfg.sampling.temperature == 0
+    is_baseline = base_spec.key == spec.key
     summaries = []
     if baseline_records:
         summaries.append((cfg.baseline.name, summarize(baseline_records, is_baseline=True)))
     summary = summarize(records, baseline_records, exact=exact, is_baseline=is_baseline)
-    summary.update(run_key=spec.key, method=spec.method, pair=spec.pair, data=spec.data, dtype=pair.dtype,
-                   precision=pair.precision.as_record(), threads=threads, baseline_run_key=base_spec.key,
-                   records=str(spec.store.path))
+    summary.update(run_key=spec.key, method=spec.method, pair=spec.pair, data=spec.data, **facts,
+                   baseline_run_key=base_spec.key, records=str(spec.store.path))
     write_json(spec.summary_path, summary)
     if tracker is not None:
         tracker.finish(summary)

@@ -26,7 +26,7 @@ import inspect
 import os
 import tempfile
 import typing
-from dataclasses import dataclass, fields
+from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -60,10 +60,12 @@ class RunnerConfig:
     strict_lossless: bool
     threads: Annotated[int, Range(ge=1)] | None  # null: the cores this process may use
     progress: bool
+    batch_size: Annotated[int, Range(ge=1)] = 1  # requests in flight per round (engine=vllm; engine=hf: 1)
 
 
 # Top-level keys of a composed config: "target" nodes are checked against their _target_'s constructor.
 TOP_LEVEL = {"model": "target", "data": "target", "method": "target", "baseline": "target", "logger": "target",
+             "engine": "target",  # what decodes: our loops (hf) or vLLM (conf/engine/)
              "sampling": SamplingConfig, "runner": RunnerConfig, "objective": str, "external_data": str,
              "paths": dict,       # where runs/ outputs go (conf/paths/)
              "experiment": dict,  # a paper table's rows, columns and sweep (report metadata, +experiment=...)
@@ -117,6 +119,10 @@ def check_settings(cfg: DictConfig) -> None:
             message = problem(plain(cfg, key), TOP_LEVEL[key])
             require(message is None, key, message or "")
     check_schema(plain(cfg, "runner"), RunnerConfig, "runner")
+    if cfg.get("engine") is not None:
+        engine = plain(cfg, "engine")
+        require(isinstance(engine, dict) and "_target_" in engine, "engine", "must be a config with a _target_")
+        check_node(engine, "engine", {})
     check_records_dir(cfg.runner.records_dir)
 
 
@@ -167,8 +173,9 @@ def check_schema(node, schema: type, key: str) -> None:
         require(name in hints, f"{key}.{name}", unknown(name, hints, f"key of {key}"))
         message = problem(value, hints[name])
         require(message is None, f"{key}.{name}", message or "")
+    defaults = {f.name for f in fields(schema) if f.default is not MISSING}
     for name in hints:
-        require(name in node, f"{key}.{name}", f"missing; must be {describe(hints[name])}")
+        require(name in node or name in defaults, f"{key}.{name}", f"missing; must be {describe(hints[name])}")
 
 
 def check_node(node: dict, key: str, runtime: dict[str, str]) -> None:

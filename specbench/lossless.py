@@ -140,6 +140,21 @@ def logits_at(model, prefix: list[int], block: int) -> tuple[torch.Tensor, torch
     return by_step, by_block
 
 
+def first_difference(greedy_ids: list[int], method_ids: list[int]) -> dict:
+    """{"verdict": identical}, or a MISMATCH at the first differing index with both tokens, to be refined by the
+    gap there; a MISMATCH with a ``reason`` when one output stops where the other goes on (no choice between two
+    tokens to weigh)."""
+    d = first_divergence(greedy_ids, method_ids)
+    if d is None:
+        return {"verdict": IDENTICAL}
+    g = greedy_ids[d] if d < len(greedy_ids) else None
+    m = method_ids[d] if d < len(method_ids) else None
+    result = {"verdict": MISMATCH, "index": d, "greedy_token": g, "method_token": m}
+    if g is None or m is None:
+        result["reason"] = "lengths differ with a common prefix"
+    return result
+
+
 class LosslessCheck:
     """Classifies a method's output against greedy's on the same prompt: identical / near-tie / MISMATCH."""
 
@@ -155,14 +170,10 @@ class LosslessCheck:
 
     @torch.inference_mode()
     def classify(self, prompt_ids: list[int], greedy_ids: list[int], method_ids: list[int]) -> dict:
-        d = first_divergence(greedy_ids, method_ids)
-        if d is None:
-            return {"verdict": IDENTICAL}
-        g = greedy_ids[d] if d < len(greedy_ids) else None
-        m = method_ids[d] if d < len(method_ids) else None
-        result = {"verdict": MISMATCH, "index": d, "greedy_token": g, "method_token": m}
-        if g is None or m is None:  # one output stops where the other goes on: not a choice between two tokens
-            return {**result, "reason": "lengths differ with a common prefix"}
+        result = first_difference(greedy_ids, method_ids)
+        if result["verdict"] == IDENTICAL or "reason" in result:
+            return result
+        d, g, m = result["index"], result["greedy_token"], result["method_token"]
         by_step, by_block = logits_at(self.pair.target, list(prompt_ids) + list(greedy_ids[:d]), self.block)
         here = float((by_step - by_block).abs().max())
         tolerance = TOLERANCE_FACTOR * max(self.profile.max_abs_diff, here)

@@ -203,6 +203,52 @@ def bootstrap_mean_ci(values_by_unit: list[list[float]], samples: int = 8000,
     return means[low], means[samples - 1 - low]
 
 
+def batches_of(records) -> dict[str, dict]:
+    """batch id -> that batch's ``batch`` fields (size, wall_s, new_tokens), for records measured in batches
+    (engine=vllm); only batches whose every request is among ``records`` (a crash may have cut one short)."""
+    seen: dict[str, dict] = {}
+    counts: Counter = Counter()
+    for r in records:
+        batch = r.get("batch")
+        if batch:
+            seen[batch["id"]] = batch
+            counts[batch["id"]] += 1
+    return {b: info for b, info in seen.items() if counts[b] == info["size"]}
+
+
+def batch_rate(records) -> float | None:
+    """Throughput: Σ tokens of whole batches / Σ their wall times (None: no batched records)."""
+    batches = batches_of(records).values()
+    wall = sum(b["wall_s"] for b in batches)
+    return sum(b["new_tokens"] for b in batches) / wall if wall > 0 else None
+
+
+def throughput_compare(records, baseline) -> dict:
+    """Paired throughput speed-up of batched records: each whole batch against the baseline batch timed in its
+    round (found through its requests' round partners); the mean of per-batch throughput ratios with a 95%
+    bootstrap interval over batches, and the ratio of total throughputs."""
+    partners = partners_of(records, baseline)
+    mine = batches_of(records)
+    theirs = batches_of(baseline)
+    pairs = {}
+    for r in records:
+        b = (r.get("batch") or {}).get("id")
+        partner = partners.get(round_of(r))
+        other = ((partner or {}).get("batch") or {}).get("id")
+        if b in mine and other in theirs:
+            pairs[b] = other
+    if not pairs:
+        return {}
+    ratios = [(mine[b]["new_tokens"] / mine[b]["wall_s"]) / (theirs[o]["new_tokens"] / theirs[o]["wall_s"])
+              for b, o in pairs.items()]
+    total = (sum(mine[b]["new_tokens"] for b in pairs) / sum(mine[b]["wall_s"] for b in pairs)) / (
+        sum(theirs[o]["new_tokens"] for o in pairs.values()) / sum(theirs[o]["wall_s"] for o in pairs.values()))
+    return {"throughput_speedup": statistics.fmean(ratios), "throughput_speedup_ci95": bootstrap_mean_ci(
+        [[x] for x in ratios]), "throughput_speedup_total": total, "batches": len(pairs),
+        "baseline_batch_tok_per_s": batch_rate([b for b in baseline if (b.get("batch") or {}).get("id")
+                                                in set(pairs.values())])}
+
+
 def summarize(records: list[dict], baseline: list[dict] | None = None, exact: bool = True,
               is_baseline: bool = False) -> dict:
     """The run summary row. ``baseline``: the greedy run's records on the same pair/data/settings.
@@ -240,6 +286,13 @@ def summarize(records: list[dict], baseline: list[dict] | None = None, exact: bo
         summary.update(speedup=1.0, is_baseline=True)
     else:
         summary.update(compare(records, baseline, exact) if baseline else {"speedup": None})
+    if batches_of(records):  # engine=vllm: per-request numbers above are latencies; throughput per batch here
+        summary.update(batch_size=max(b["size"] for b in batches_of(records).values()),
+                       batch_tok_per_s=batch_rate(records))
+        if is_baseline:
+            summary["throughput_speedup"] = 1.0
+        elif baseline:
+            summary.update(throughput_compare(records, baseline))
     return summary
 
 

@@ -190,23 +190,7 @@ class Runner:
         return out
 
     def check(self, ours: Measurement, baseline: dict) -> dict:
-        """Losslessness of one record against greedy's on the same prompt: the first turn that differs decides;
-        ``index`` counts over the concatenated turns (as the record's output_ids). A failure of the check itself
-        is recorded as verdict ``error`` (counted as unclassified), never lost with the round's timings."""
-        theirs = [t["output_ids"] for t in baseline.get("turns", [baseline])]
-        mine = [t["output_ids"] for t in ours.record.get("turns", [ours.record])]
-        reference = {"against": round_of(baseline), "against_repeat": baseline.get("repeat")}
-        offset = 0
-        try:
-            for turn, (prompt, a, b) in enumerate(zip(ours.prompts, theirs, mine)):
-                result = self.lossless.classify(prompt, a, b)
-                if result["verdict"] != "identical":
-                    result["index"] = result["index"] + offset
-                    return {**result, **reference, **({"turn": turn} if len(mine) > 1 else {})}
-                offset += len(b)
-        except Exception as exc:  # noqa: BLE001 — the timings of the round are kept whatever happens here
-            return {"verdict": "error", "reason": f"{type(exc).__name__}: {exc}", **reference}
-        return {"verdict": "identical", **reference}
+        return classify_record(self.lossless, ours.prompts, ours.record, baseline)
 
     def warm_up(self, method: DecodingMethod, example: Example) -> None:
         prompt_ids = self.encode([{"role": "user", "content": example.prompt}], len(example.turns) > 1)
@@ -307,6 +291,28 @@ class Runner:
             "forward_sizes": gen.forward_sizes,
             "extra": gen.extra,
         }
+
+
+def classify_record(lossless, prompts: list[list[int]], record: dict, baseline: dict) -> dict:
+    """Losslessness of one record against greedy's on the same prompt: the first turn that differs decides;
+    ``index`` counts over the concatenated turns (as the record's output_ids). A failure of the check itself
+    is recorded as verdict ``error`` (counted as unclassified), never lost with the round's timings.
+    ``lossless``: anything with ``classify(prompt, greedy_ids, method_ids)`` (lossless.LosslessCheck, or an
+    engine's own)."""
+    theirs = [t["output_ids"] for t in baseline.get("turns", [baseline])]
+    mine = [t["output_ids"] for t in record.get("turns", [record])]
+    reference = {"against": round_of(baseline), "against_repeat": baseline.get("repeat")}
+    offset = 0
+    try:
+        for turn, (prompt, a, b) in enumerate(zip(prompts, theirs, mine)):
+            result = lossless.classify(prompt, a, b)
+            if result["verdict"] != "identical":
+                result["index"] = result["index"] + offset
+                return {**result, **reference, **({"turn": turn} if len(mine) > 1 else {})}
+            offset += len(b)
+    except Exception as exc:  # noqa: BLE001 — the timings of the round are kept whatever happens here
+        return {"verdict": "error", "reason": f"{type(exc).__name__}: {exc}", **reference}
+    return {"verdict": "identical", **reference}
 
 
 SUMMED = ("new_tokens", "wall_s", "prefill_s", "target_forwards", "draft_forwards", "drafted", "accepted")

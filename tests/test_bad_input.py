@@ -149,6 +149,10 @@ def test_every_shipped_option_passes_the_checks(group, tmp_path):
         extra = [] if group == "model" else ["model=tiny_llama"]
         cfg = composed(f"{group}={name}", *extra, f"runner.records_dir={tmp_path}")
         check_settings(cfg)
+        if group == "method" and cfg.method._target_ == "specbench.methods.engine_only.EngineMethod":
+            with pytest.raises(ConfigError, match=f"method={name}: runs only with engine=vllm"):
+                check_components(cfg)
+            continue
         check_components(cfg)
 
 

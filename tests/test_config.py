@@ -84,7 +84,12 @@ def test_tiny_pairs_and_methods_instantiate(name):
             with pytest.raises(ConfigError, match="method.policy.classifier.*specbench.disco"):
                 build(composed("method=disco").method, "method", pair=pair, temperature=0.0, top_p=1.0, seed=0)
             continue
-        obj = build(composed(f"method={method}").method, "method", pair=pair, temperature=0.0, top_p=1.0, seed=0)
+        node = composed(f"method={method}").method
+        if node._target_ == "specbench.methods.engine_only.EngineMethod":  # vLLM's own methods (EAGLE, MTP ...)
+            with pytest.raises(ConfigError, match=f"method={method}: runs only with engine=vllm"):
+                build(node, "method", pair=pair, temperature=0.0, top_p=1.0, seed=0)
+            continue
+        obj = build(node, "method", pair=pair, temperature=0.0, top_p=1.0, seed=0)
         assert obj.name == method
 
 

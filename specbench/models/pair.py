@@ -46,18 +46,22 @@ class ModelPair:
         it a single prompt is encoded as it is and a conversation in the plain ``USER:``/``ASSISTANT:``
         layout (Vicuna's), ending with an open assistant turn.
         """
-        use_chat = self.chat_template if chat is None else chat
-        if use_chat:
-            messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
-            ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-            if not isinstance(ids, list):  # BatchEncoding in newer transformers
-                ids = ids["input_ids"]
-            return [int(i) for i in ids]
-        text = prompt if isinstance(prompt, str) else plain_conversation(prompt)
-        return [int(i) for i in self.tokenizer(text, add_special_tokens=True)["input_ids"]]
+        return encode_prompt(self.tokenizer, prompt, self.chat_template if chat is None else chat)
 
     def decode(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode(list(ids), skip_special_tokens=True)
+
+
+def encode_prompt(tokenizer, prompt: str | Sequence[dict], chat: bool) -> list[int]:
+    """ModelPair.encode's rule, for engines that hold a tokenizer but no transformers model (engine=vllm)."""
+    if chat:
+        messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
+        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        if not isinstance(ids, list):  # BatchEncoding in newer transformers
+            ids = ids["input_ids"]
+        return [int(i) for i in ids]
+    text = prompt if isinstance(prompt, str) else plain_conversation(prompt)
+    return [int(i) for i in tokenizer(text, add_special_tokens=True)["input_ids"]]
 
 
 def vocab_size_of(model: torch.nn.Module) -> int:

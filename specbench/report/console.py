@@ -86,6 +86,14 @@ def render_headline(name: str, s: dict) -> str:
                      f"Σtokens/Σtime {s['speedup_total']:.2f}x{unpaired})")
     elif s.get("speedup") is not None:
         lines.append(f"speedup vs greedy: {s['speedup']:.2f}x (unpaired: the baseline was timed separately)")
+    if s.get("batch_size"):  # engine=vllm: the numbers above are per request (latency); throughput per batch
+        line = (f"batch size {s['batch_size']} ({s.get('engine', '')}): throughput "
+                f"{fmt(s.get('batch_tok_per_s'))} tok/s")
+        if not s.get("is_baseline") and s.get("throughput_speedup") is not None:
+            ci = s.get("throughput_speedup_ci95")
+            line += (f", speedup vs greedy at this batch size {s['throughput_speedup']:.2f}x"
+                     f"{f' [{ci[0]:.2f}, {ci[1]:.2f}]' if ci else ''} (mean of {s.get('batches', 0)} paired batch(es))")
+        lines.append(line)
     lines.append(f"tau (mean tokens per target forward): {fmt(s.get('tau'))}")
     lines.append(f"acceptance rate: {fmt(s.get('acceptance_rate'))}")
     alpha = alpha_text(s.get("alpha"))

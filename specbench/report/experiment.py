@@ -98,7 +98,8 @@ def expand_grid(params: dict, overrides: list[str]) -> list[list[str]]:
 def load_experiment(name: str, overrides: list[str] | None = None, limit: int | None = None) -> Experiment:
     """Compose experiment ``name`` with ``overrides``, expand its sweep and load every cell's records.
 
-    limit: keep only records of the first ``limit`` prompts (as ``data.limit`` did for the sweep).
+    limit: keep only records of the first ``limit`` prompts (as ``data.limit`` did for the sweep); None: each
+    cell's own ``data.limit`` (an experiment may set one), else every prompt.
     """
     if name not in available_experiments():
         raise ConfigError(f"experiment={name!r}: no conf/experiment/{name}.yaml; available: {available_experiments()}")
@@ -120,7 +121,7 @@ def _load(name: str, overrides: list[str], limit: int | None) -> Experiment:
     if not spec.get("pipeline"):
         for job in expand_grid(params, overrides):
             cfg = compose_config([f"+experiment={name}", *job])
-            cells.append(load_cell(job, cfg, limit))
+            cells.append(load_cell(job, cfg, limit if limit is not None else cfg.data.get("limit")))
     return Experiment(name=name, spec=spec, cells=cells, overrides=overrides)
 
 
@@ -141,7 +142,21 @@ def load_cell(job: list[str], cfg: DictConfig, limit: int | None) -> Cell:
     cell.summary = summarize(cell.records, base, exact=cfg.sampling.temperature == 0, is_baseline=is_baseline)
     cell.summary["accuracy_primary"] = primary_value(cell.summary.get("accuracy"))
     cell.summary["mean_sl"] = mean_sl(cell.records)
+    cell.summary.update(measured_facts(cell.spec))
     return cell
+
+
+FACTS = ("engine", "device")  # how a run was measured, beyond its records: its *.summary.json (engine=vllm)
+
+
+def measured_facts(spec: RunSpec) -> dict:
+    """What the run's summary file says about how it was measured (the engine and its version, the device the
+    engine ran on); {} when there is none."""
+    try:
+        saved = json.loads(spec.summary_path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}
+    return {k: saved[k] for k in FACTS if saved.get(k) is not None}
 
 
 def select(records: list[dict], key: str, limit: int | None) -> list[dict]:
@@ -158,7 +173,8 @@ def cells_frame(exp: Experiment):
         rows.append({**{k: cell.value(k) for k in exp.keys}, "status": cell.status, "run_key": cell.spec.key,
                      **{k: s.get(k) for k in ("prompts", "repeats", "tok_per_s", "tok_per_s_std", "speedup",
                                                "speedup_std", "ms_per_token", "tau", "acceptance_rate", "identical",
-                                               "compared", "accuracy_primary", "mean_sl")}})
+                                               "compared", "accuracy_primary", "mean_sl", "batch_size",
+                                               "batch_tok_per_s", "throughput_speedup", "engine", "device")}})
     return pd.DataFrame(rows)
 
 

@@ -8,6 +8,7 @@ oracle_sl_hist DISCO Fig. 4: distribution of the oracle speculation length
 tau_speedup    τ (tokens per target forward) against measured speed-up, one point per cell
 metric_bars    each numeric metric per row, ours beside the paper's (DISCO Table 5's F1)
 alpha_curve    per-position acceptance α_k against k, one line per cell (records with ``proposed`` only)
+speedup_vs_batch  throughput speed-up against runner.batch_size (engine=vllm), 95% interval bars, a line per method
 """
 from __future__ import annotations
 
@@ -235,5 +236,38 @@ def alpha_curve(exp, out_dir: Path) -> list[Path]:
     return save(fig, out_dir, "alpha_curve")
 
 
+BATCH_KEY = "runner.batch_size"
+
+
+def speedup_vs_batch(exp, out_dir: Path) -> list[Path]:
+    """From the table's entries: the throughput speed-up (whole batches against greedy's batch in the same round,
+    metrics.throughput_compare) against the batch size, on a log2 axis, with its 95% interval; one line per value
+    of the other keys (the method); the dashed 1.0× line is where speculation stops paying."""
+    points = [e for e in exp.entries if e.status == "ok" and isinstance(e.keys.get(BATCH_KEY), int)
+              and isinstance(e.values.get("throughput_speedup"), (int, float))]
+    if not points:
+        return []
+    others = [k for k in exp.keys if k != BATCH_KEY]
+    lines: dict[str, list] = {}
+    for e in points:
+        lines.setdefault(" / ".join(label_of(exp, k, e.keys.get(k)) for k in others) or exp.name, []).append(e)
+    fig = Figure(figsize=(4.8, 3.4))
+    ax = fig.subplots()
+    for name, entries in lines.items():
+        entries.sort(key=lambda e: e.keys[BATCH_KEY])
+        ys = [e.values["throughput_speedup"] for e in entries]
+        bounds = [e.intervals.get("throughput_speedup") or (y, y) for e, y in zip(entries, ys)]
+        errors = [[max(y - low, 0.0) for y, (low, _) in zip(ys, bounds)],
+                  [max(high - y, 0.0) for y, (_, high) in zip(ys, bounds)]]
+        ax.errorbar([e.keys[BATCH_KEY] for e in entries], ys, yerr=errors, marker="o", ms=4, capsize=3, label=name)
+    ax.axhline(1.0, color="grey", lw=0.8, ls="--", label="1.0×: speculation stops paying")
+    ax.set_xscale("log", base=2)
+    sizes = sorted({e.keys[BATCH_KEY] for e in points})
+    ax.set_xticks(sizes, [str(size) for size in sizes])
+    ax.minorticks_off()
+    decorate(ax, exp, "batch size (requests in flight)", "throughput speed-up vs greedy")
+    return save(fig, out_dir, "speedup_vs_batch")
+
+
 FIGURES = {f.__name__: f for f in (speed_bars, topk_curve, match_k_bars, oracle_sl_hist, tau_speedup, metric_bars,
-                                   alpha_curve)}
+                                   alpha_curve, speedup_vs_batch)}

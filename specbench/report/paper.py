@@ -7,8 +7,9 @@ from pathlib import Path
 
 from ..errors import ConfigError
 from ..records import record_identity
-from .console import identity_text
+from .console import alpha_text, identity_text
 from .experiment import CONF_DIR, Cell, Experiment
+from .parity import engine_notes, parity
 from .tables import Entry, Table, build_table, to_csv, to_latex, to_markdown
 
 PUBLISHED_DIR = Path(__file__).resolve().parent / "published"
@@ -59,12 +60,22 @@ def cell_entry(spec, cell: Cell, keys: list[str]) -> Entry:
                     "accuracy": s.get("accuracy_primary"), "mean_sl": s.get("mean_sl"),
                     "identical": identical_text(cell),
                     **match_stats(cell.records)}
-    if s.get("speedup") is None and not s.get("is_baseline"):
+    own = s.get("is_baseline")  # greedy's own cell: its numbers are the baseline's
+    entry.values.update(
+        baseline_tok_per_s=s.get("tok_per_s") if own else s.get("baseline_tok_per_s"),
+        latency_speedup=s.get("speedup"), near_ties=s.get("near_ties"), mismatches=s.get("mismatches"),
+        alpha=alpha_text(s.get("alpha")) or None,
+        # engine=vllm (batches): throughput of whole batches and its paired speed-up (metrics.throughput_compare)
+        batch_tok_per_s=s.get("batch_tok_per_s"), throughput_speedup=s.get("throughput_speedup"),
+        baseline_batch_tok_per_s=s.get("batch_tok_per_s") if own else s.get("baseline_batch_tok_per_s"))
+    if s.get("speedup") is None and not own:
         entry.values["speedup"] = "no baseline"
     if repeats:
         entry.stds = {"tok_per_s": s.get("tok_per_s_std"), "speedup": s.get("speedup_std")}
-    if s.get("speedup_ci95"):  # a paired speed-up: its interval says more than a std over repeats
-        entry.intervals = {"speedup": tuple(s["speedup_ci95"])}
+    intervals = {"speedup": s.get("speedup_ci95"), "latency_speedup": s.get("speedup_ci95"),
+                 "throughput_speedup": s.get("throughput_speedup_ci95")}
+    entry.intervals = {k: tuple(v) for k, v in intervals.items() if v}
+    if "speedup" in entry.intervals:  # a paired speed-up: its interval says more than a std over repeats
         entry.stds.pop("speedup", None)
     return entry
 
@@ -196,8 +207,10 @@ def build(exp: Experiment, ours_entries: list[Entry] | None = None) -> Table:
     if source:
         notes.append(f"paper columns: {source}")
     notes += [str(n) for n in spec.get("notes") or []]
-    notes += environment_notes(exp)
-    table.notes = notes
+    notes += environment_notes(exp) + engine_notes(exp)
+    parity_notes, parity_rows = parity(exp)
+    table.notes = notes + parity_notes
+    table.tidy += parity_rows
     return table
 
 

@@ -30,6 +30,14 @@ METRICS = {
     "accuracy": Metric("accuracy", spec=".1f"),
     "mean_sl": Metric("mean SL"),
     "identical": Metric("identical to greedy"),
+    "near_ties": Metric("near-ties", spec="d", higher_is_better=False),
+    "mismatches": Metric("mismatches", spec="d", higher_is_better=False),
+    "alpha": Metric("α_k"),
+    "baseline_tok_per_s": Metric("greedy tok/s"),
+    "latency_speedup": Metric("latency speed-up", suffix="×"),        # per request, paired (= speedup)
+    "baseline_batch_tok_per_s": Metric("greedy throughput (tok/s)"),   # engine=vllm: whole batches
+    "batch_tok_per_s": Metric("throughput (tok/s)"),
+    "throughput_speedup": Metric("throughput speed-up", suffix="×"),
     "lcp": Metric("len(LCP)", spec=".1f"),
     "match_1_draft": Metric("#Match-1(d, d̂)", spec=".1f"),
     **{f"match_{k}": Metric(f"#Match-{k} discarded", spec=".1f") for k in (1, 2, 3, 4)},
@@ -209,7 +217,8 @@ def to_markdown(table: Table) -> str:
 def latex_escape(text: str) -> str:
     out = str(text)
     for a, b in (("\\", r"\textbackslash{}"), ("&", r"\&"), ("%", r"\%"), ("_", r"\_"), ("#", r"\#"),
-                 ("±", r"$\pm$"), ("×", r"$\times$"), ("τ", r"$\tau$"), ("†", r"$^\dagger$"), ("–", "--")):
+                 ("±", r"$\pm$"), ("×", r"$\times$"), ("τ", r"$\tau$"), ("α", r"$\alpha$"), ("†", r"$^\dagger$"),
+                 ("–", "--")):
         out = out.replace(a, b)
     return out
 

@@ -1,0 +1,89 @@
+"""``method=`` under ``engine=vllm``: each of our method configs maps to vLLM's ``speculative_config``.
+
+The map is keyed by the method config's ``_target_`` (the class our own loops would build), so a renamed or
+re-parametrised method (``method=speculative method.gamma=6 method.name=spec6``) maps as its class does. A
+method with no vLLM counterpart (lookahead, Ouroboros, SpecInfer trees, the speculation-length policies) is a
+ConfigError listing what the engine has, before anything starts.
+"""
+from __future__ import annotations
+
+import typing
+from dataclasses import dataclass
+
+from ..errors import ConfigError, require, require_count
+
+
+@dataclass(frozen=True)
+class ModelFiles:
+    """Where an engine finds a pair: checkpoint dirs or hub ids, and how to read its prompts."""
+
+    target: str
+    draft: str | None
+    tokenizer: str
+    dtype: str            # the resolved torch dtype name: bfloat16, float32, float16
+    trust_remote_code: bool = False
+    local_files_only: bool = True
+
+
+def no_speculation(method: dict, files: ModelFiles) -> None:
+    return None
+
+
+def draft_model(method: dict, files: ModelFiles) -> dict:
+    require(method.get("policy") is None, "method.policy",
+            "vLLM's draft-model speculation drafts a fixed γ each step; speculation-length policies (DISCO, "
+            "dyn_heur, ...) run with engine=hf")
+    require(files.draft is not None, "model.draft", "this pair has no draft model; method=speculative needs one")
+    return {"method": "draft_model", "model": files.draft, "num_speculative_tokens": method.get("gamma", 4)}
+
+
+def ngram(method: dict, files: ModelFiles) -> dict:
+    return {"method": "ngram", "num_speculative_tokens": method.get("num_pred_tokens", 10),
+            "prompt_lookup_max": method.get("max_ngram_size", 3), "prompt_lookup_min": method.get("min_ngram_size", 1)}
+
+
+def engine_method(method: dict, files: ModelFiles) -> dict:
+    name = method["engine_method"]
+    require_count(method.get("num_speculative_tokens", 4), "method.num_speculative_tokens")
+    needs_head = name in ("eagle", "eagle3", "medusa")
+    require(not needs_head or method.get("head"), "method.head",
+            f"vLLM's {name} needs a draft head made for this target: method.head=<Hugging Face id or local dir>")
+    config = {"method": name, "num_speculative_tokens": method.get("num_speculative_tokens", 4)}
+    if method.get("head"):
+        config["model"] = method["head"]
+    return {**config, **(method.get("options") or {})}
+
+
+SPECULATIVE_CONFIGS = {
+    "specbench.methods.greedy.Greedy": no_speculation,
+    "specbench.methods.speculative.SpeculativeDecoding": draft_model,
+    "specbench.methods.prompt_lookup.PromptLookup": ngram,
+    "specbench.methods.engine_only.EngineMethod": engine_method,
+}
+# our own classes among them, whose constructors check their settings (the others exist only in vLLM)
+CONSTRUCTIBLE = set(SPECULATIVE_CONFIGS) - {"specbench.methods.engine_only.EngineMethod"}
+OURS = "greedy, speculative (fixed γ), prompt_lookup, eagle, eagle3, medusa, mtp, suffix"
+
+
+def installed_methods() -> list[str]:
+    """The speculative methods the installed vLLM accepts (its SpeculativeConfig.method Literal)."""
+    from vllm.config.speculative import SpeculativeMethod
+
+    def names(tp):
+        for arg in typing.get_args(tp):
+            yield from names(arg) if typing.get_args(arg) else [arg]
+    return sorted(set(names(SpeculativeMethod)))
+
+
+def speculative_config(method: dict, files: ModelFiles, key: str = "method") -> dict | None:
+    """vLLM's ``speculative_config`` for one of our method configs (plain dict); None: no speculation."""
+    build = SPECULATIVE_CONFIGS.get(method.get("_target_"))
+    if build is None:
+        raise ConfigError(f"{key}={method.get('name')}: vLLM has no counterpart of {method.get('_target_')}; "
+                          f"with engine=vllm: {OURS}")
+    config = build(method, files)
+    if config is not None:
+        available = installed_methods()
+        require(config["method"] in available, f"{key}.engine_method" if "engine_method" in method else key,
+                f"the installed vLLM has no speculative method {config['method']!r}; it has: {', '.join(available)}")
+    return config

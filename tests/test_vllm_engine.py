@@ -1,0 +1,73 @@
+"""engine=vllm end to end: vLLM started for real on a tiny random Llama checkpoint written to the cache (skipped
+where vLLM is not installed; `make install` installs it), and on the embedded pair (slow)."""
+import json
+
+import pytest
+
+from .conftest import run_cli
+
+vllm = pytest.importorskip("vllm", reason="engine=vllm needs vLLM (make install)")
+
+TINY = ("engine=vllm", "model=tiny_llama", "model.hidden_size=128", "engine.kv_cache_space_gib=1",
+        "engine.max_model_len=1024", "data=humaneval", "data.limit=3", "data.max_new_tokens=24")
+
+
+def records_of(records_dir, method):
+    (path,) = list(records_dir.rglob(f"{method}-*.jsonl"))
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def tiny_vllm_run(tmp_path_factory):
+    records = tmp_path_factory.mktemp("vllm") / "records"
+    proc = run_cli(*TINY, "method=speculative", "runner.batch_size=2", records_dir=records, timeout=600)
+    return records, proc
+
+
+def test_vllm_speculative_is_identical_to_its_greedy_and_counts_match_the_tokens(tiny_vllm_run):
+    records, proc = tiny_vllm_run
+    ours, base = records_of(records, "speculative"), records_of(records, "greedy")
+    assert len(ours) == len(base) == 3
+    for r in ours:
+        assert r["lossless"]["verdict"] == "identical"
+        assert sum(r["accept_lengths"]) == r["new_tokens"] == len(r["output_ids"])
+        assert r["accepted"] == sum(r["accepted_steps"]) and len(r["proposed"]) == len(r["accept_lengths"])
+        assert r["batch"]["size"] in (1, 2) and r["env"]["engine"].startswith("vllm")
+    assert sorted(r["batch"]["size"] for r in ours) == [1, 2, 2]  # 3 prompts at batch size 2
+    summary = json.loads(next(records.rglob("speculative-*.summary.json")).read_text())
+    assert summary["identical"] == 3 and summary["batch_size"] == 2 and summary["throughput_speedup"] > 0
+    assert "identical to greedy" in proc.stdout
+
+
+def test_vllm_greedy_equals_our_own_greedy_on_the_same_pair(tiny_vllm_run, tmp_path):
+    records, _ = tiny_vllm_run
+    run_cli(*[o for o in TINY if not o.startswith("engine")], "method=greedy", records_dir=tmp_path / "hf")
+    ours = {r["prompt_id"]: r["output_ids"] for r in records_of(tmp_path / "hf", "greedy")}
+    theirs = {r["prompt_id"]: r["output_ids"] for r in records_of(records, "greedy")}
+    assert ours == theirs
+
+
+def test_vllm_rerun_resumes_without_starting_over(tiny_vllm_run):
+    records, _ = tiny_vllm_run
+    before = len(records_of(records, "speculative"))
+    proc = run_cli(*TINY, "method=speculative", "runner.batch_size=2", records_dir=records, timeout=600)
+    assert "resuming, 3 record(s) kept, 0 to run" in proc.stderr
+    assert len(records_of(records, "speculative")) == before
+
+
+def test_vllm_ngram_and_sampling_run(tmp_path):
+    proc = run_cli(*TINY, "method=prompt_lookup", "sampling.temperature=0.8", "runner.batch_size=3",
+                   records_dir=tmp_path / "records", timeout=600)
+    ours = records_of(tmp_path / "records", "prompt_lookup")
+    assert len(ours) == 3 and all(sum(r["accept_lengths"]) == r["new_tokens"] for r in ours)
+    assert "lossless" not in ours[0] and "speedup" in proc.stdout
+
+
+@pytest.mark.slow
+def test_vllm_draft_model_on_the_embedded_pair(tmp_path):
+    proc = run_cli("engine=vllm", "model=embedded", "method=speculative", "data=humaneval", "data.limit=2",
+                   "data.max_new_tokens=48", "runner.strict_lossless=false", records_dir=tmp_path / "records",
+                   timeout=1200)
+    summary = json.loads(next((tmp_path / "records").rglob("speculative-*.summary.json")).read_text())
+    assert summary["identical"] + summary["near_ties"] == 2 and summary["mismatches"] == 0
+    assert summary["tau"] > 2.0 and summary["acceptance_rate"] > 0.4, proc.stdout
