@@ -82,18 +82,20 @@ class BatchRunner:
                         [self.sampling["seed"]] * self.batch_size)
 
     def round(self, entries, batch, repeat: int, number: int) -> dict[int, list[dict]]:
+        """Every entry's pass over ``batch``, back to back in a rotated order; then (clocks stopped) score, pair,
+        classify and write. Returns each entry's records of the round."""
         members = list(range(len(entries)))
         shift = (number + repeat) % len(members)
         order = members[shift:] + members[:shift]
         measured = {j: self.generate(entries[j], batch, repeat) for j in order}  # nothing else between timings
         round_id = uuid.uuid4().hex[:12] if len(members) > 1 else None
         for position, j in enumerate(order):
-            for recs, prompts in [measured[j]]:
-                for (index, example), record in zip(batch, recs):
-                    self.score(example, record)
-                    record["pairing"] = {"mode": "interleaved" if round_id else "separate",
-                                         "round": f"{round_id}:{record['batch']['position']}" if round_id else None,
-                                         "session": SESSION, "position": position, "size": len(order)}
+            records, _ = measured[j]
+            for (_, example), record in zip(batch, records):
+                self.score(example, record)
+                record["pairing"] = {"mode": "interleaved" if round_id else "separate",
+                                     "round": f"{round_id}:{record['batch']['position']}" if round_id else None,
+                                     "session": SESSION, "position": position, "size": len(order)}
         if self.lossless is not None and len(members) > 1:
             base_records = measured[0][0]
             for j in members[1:]:
