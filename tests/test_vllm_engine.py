@@ -71,3 +71,35 @@ def test_vllm_draft_model_on_the_embedded_pair(tmp_path):
     summary = json.loads(next((tmp_path / "records").rglob("speculative-*.summary.json")).read_text())
     assert summary["identical"] + summary["near_ties"] == 2 and summary["mismatches"] == 0
     assert summary["tau"] > 2.0 and summary["acceptance_rate"] > 0.4, proc.stdout
+
+
+def test_vllm_two_turns_in_a_batch_carry_the_first_answer(tmp_path):
+    """MT-Bench through vLLM at batch size 2: each turn of the batch is one pass, the second turn's prompt holds the
+    first answer, and the record sums the turns; both turns identical to greedy's."""
+    from specbench.models.pair import plain_conversation
+    from specbench.models.tiny import byte_tokenizer
+
+    overrides = [o for o in TINY if not o.startswith("data")]
+    proc = run_cli(*overrides, "method=speculative", "data=mt_bench", "data.limit=2", "data.max_new_tokens=10",
+                   "runner.batch_size=2", records_dir=tmp_path / "records", timeout=600)
+    assert "identical to greedy: 2/2" in proc.stdout
+    tok = byte_tokenizer()
+    for row in records_of(tmp_path / "records", "speculative"):
+        first, second = row["turns"]
+        assert row["output_ids"] == first["output_ids"] + second["output_ids"]
+        assert row["new_tokens"] == sum(row["accept_lengths"]) == first["new_tokens"] + second["new_tokens"]
+        assert row["batch"]["size"] == 2
+        conversation = [{"role": "user", "content": _turn(row, 0)},
+                        {"role": "assistant", "content": first["output_text"]},
+                        {"role": "user", "content": _turn(row, 1)}]
+        assert second["prompt_tokens"] == len(tok(plain_conversation(conversation))["input_ids"])
+
+
+def _turn(row, k):
+    """Turn k of the record's example, from the dataset as the run configured it."""
+    from omegaconf import OmegaConf
+
+    from specbench.app import build
+
+    data = build(OmegaConf.create(row["config"]["data"]), "data")
+    return next(ex for ex in data.examples() if ex.id == row["prompt_id"]).turns[k]
