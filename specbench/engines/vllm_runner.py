@@ -16,6 +16,7 @@ import time
 import uuid
 from contextlib import ExitStack
 
+import torch
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
@@ -213,9 +214,7 @@ def measure(engine, cfg: DictConfig, spec) -> dict:
     if not is_baseline:
         speculative = speculative_config(method_cfg, files)
         sessions.append((VllmSession(engine.start(files, speculative, threads), speculative, codec.eos_ids), spec))
-    import torch
-
-    env = {**environment(torch.device("cpu")), "threads": threads, "engine": f"vllm {engine.version}",
+    env = {**environment(torch.device(device)), "threads": threads, "engine": f"vllm {engine.version}",
            "precision": precision.as_record(),
            "model_info": {"target": files.target, "draft": files.draft}}
     lossless = None
