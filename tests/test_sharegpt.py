@@ -1,0 +1,55 @@
+"""ShareGPT training prompts for draft heads: a file cut short mid-element, the 13-word contamination rule,
+deduplication and a seeded sample, on files the test writes."""
+import json
+
+import pytest
+
+from specbench.errors import ConfigError
+from specbench.heads.sharegpt import Contamination, conversations, training_prompts
+
+EVAL = "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. How many?"
+
+
+def conversation(i, human, gpt="ok"):
+    return {"id": f"c{i}", "conversations": [{"from": "human", "value": human}, {"from": "gpt", "value": gpt}]}
+
+
+def write_cut(path, items, cut_text='  {\n    "id": "cut", "conversations": [{"from": "human", "value": "half a'):
+    whole = ",\n".join(json.dumps(item, indent=2) for item in items)
+    path.write_text("[\n" + whole + ",\n" + cut_text)
+    return path
+
+
+def test_conversations_reads_every_complete_element_of_a_cut_file(tmp_path):
+    items = [conversation(i, f"question number {i} about python lists") for i in range(5)]
+    assert [c["id"] for c in conversations(write_cut(tmp_path / "s.json", items))] == [f"c{i}" for i in range(5)]
+    (tmp_path / "whole.json").write_text(json.dumps(items))
+    assert len(list(conversations(tmp_path / "whole.json"))) == 5
+    (tmp_path / "bad.json").write_text('{"not": "an array"}')
+    with pytest.raises(ConfigError, match="heads.data.path: .*bad.json is not a JSON array"):
+        list(conversations(tmp_path / "bad.json"))
+
+
+def test_contamination_drops_prompts_sharing_13_words_with_an_evaluation_prompt():
+    clean = Contamination([EVAL, "Write fizzbuzz."])
+    # 13 consecutive words of EVAL, re-cased and re-spaced, inside a longer prompt: contaminated
+    assert clean.overlaps("Please solve:  natalia SOLD clips to 48 of her friends in april, and then she\nsold it")
+    assert not clean.overlaps("Natalia sold clips to 48 of her friends in April and then she sold")  # comma differs
+    assert not clean.overlaps("Natalia sold clips to 48 of her friends in April,")  # 10 words only
+    assert clean.overlaps("write   FIZZBUZZ.") and not clean.overlaps("Write fizzbuzz in Rust.")
+
+
+def test_training_prompts_are_clean_unique_and_a_seeded_sample(tmp_path):
+    items = [conversation(i, f"Explain topic {i} of distributed systems to a new engineer") for i in range(30)]
+    items += [conversation(30, "Explain topic 3 of distributed systems to a new engineer"),  # duplicate of 3
+              conversation(31, "Hi"),  # too short
+              conversation(32, "Quiz: " + EVAL),  # contaminated
+              {"id": "gpt-first", "conversations": [{"from": "gpt", "value": "no human turn here at all"}]}]
+    path = write_cut(tmp_path / "s.json", items)
+    every = training_prompts(path, limit=100, evaluation_prompts=[EVAL])
+    assert len(every) == 30 and not any("Natalia" in p for p in every) and "Hi" not in every
+    sample = training_prompts(path, limit=10, evaluation_prompts=[EVAL], seed=1)
+    assert len(sample) == 10 and set(sample) <= set(every)
+    assert sample == training_prompts(path, limit=10, evaluation_prompts=[EVAL], seed=1)
+    assert sample != training_prompts(path, limit=10, evaluation_prompts=[EVAL], seed=2)
+    assert sample == [p for p in every if p in sample]  # file order kept
