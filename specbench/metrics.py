@@ -239,6 +239,7 @@ def throughput_compare(records, baseline) -> dict:
             pairs[b] = other
     if not pairs:
         return {}
+    partner_batches = set(pairs.values())
     ratios = [(mine[b]["new_tokens"] / mine[b]["wall_s"]) / (theirs[o]["new_tokens"] / theirs[o]["wall_s"])
               for b, o in pairs.items()]
     total = (sum(mine[b]["new_tokens"] for b in pairs) / sum(mine[b]["wall_s"] for b in pairs)) / (
@@ -246,7 +247,7 @@ def throughput_compare(records, baseline) -> dict:
     return {"throughput_speedup": statistics.fmean(ratios), "throughput_speedup_ci95": bootstrap_mean_ci(
         [[x] for x in ratios]), "throughput_speedup_total": total, "batches": len(pairs),
         "baseline_batch_tok_per_s": batch_rate([b for b in baseline if (b.get("batch") or {}).get("id")
-                                                in set(pairs.values())])}
+                                                in partner_batches])}
 
 
 def summarize(records: list[dict], baseline: list[dict] | None = None, exact: bool = True,

@@ -201,8 +201,7 @@ class Runner:
             method.generate(prompt_ids, budget, self.pair.eos_ids)
 
     def encode(self, messages: list[dict], conversation: bool) -> list[int]:
-        """A single-turn example encodes its prompt text; a multi-turn one the whole conversation so far."""
-        return self.pair.encode(messages if conversation else messages[-1]["content"], chat=self.chat)
+        return self.pair.encode(prompt_of(messages, conversation), chat=self.chat)
 
     def measure(self, method: DecodingMethod, spec: RunSpec, example: Example, index: int, repeat: int) -> Measurement:
         warm = method.carries_state
@@ -213,25 +212,9 @@ class Runner:
         turns, prompts = self.generate_turns(method, example)
         if warm:
             self.states[(id(method), spec.key)].setdefault(index + 1, method.carried_state())
-        record = {
-            "schema": SCHEMA_VERSION,
-            "run_key": spec.key,
-            "method": spec.method,
-            "pair": spec.pair,
-            "data": spec.data,
-            "prompt_id": example.id,
-            "prompt_index": index,
-            "repeat": repeat,
-            "max_new_tokens": self.max_new_tokens,
-            **combine_turns(turns),
-            "dtype": method.pair.dtype,
-            "timestamp": time.time(),
-            "env": {**self.env, "precision": method.pair.precision.as_record()},
-            "model_info": method.pair.info,
-            "config": self.config,
-        }
-        if len(turns) > 1:
-            record["turns"] = turns
+        record = build_record(spec, example, index, repeat, self.max_new_tokens, turns, dtype=method.pair.dtype,
+                              env={**self.env, "precision": method.pair.precision.as_record()},
+                              model_info=method.pair.info, config=self.config)
         return Measurement(record, prompts)
 
     def generate_turns(self, method: DecodingMethod, example: Example) -> tuple[list[dict], list[list[int]]]:
@@ -264,9 +247,7 @@ class Runner:
         return states[index]
 
     def score(self, example: Example, record: dict) -> None:
-        """The dataset's task score into the record; never raises (failures are recorded)."""
-        if self.scorer is not None:
-            record["score"] = self.scorer.score(example, [t["output_text"] for t in record.get("turns", [record])])
+        score_record(self.scorer, example, record)
 
     def measure_turn(self, method: DecodingMethod, prompt_ids: list[int]) -> dict:
         method.prepare(prompt_ids, self.max_new_tokens, self.pair.eos_ids)  # untimed (oracles only)
@@ -291,6 +272,40 @@ class Runner:
             "forward_sizes": gen.forward_sizes,
             "extra": gen.extra,
         }
+
+
+def prompt_of(messages: list[dict], conversation: bool):
+    """What a turn encodes: a single-turn example its prompt text; a multi-turn one the whole conversation so far."""
+    return messages if conversation else messages[-1]["content"]
+
+
+def score_record(scorer, example: Example, record: dict) -> None:
+    """The dataset's task score into the record (over its turns' texts); never raises (failures are recorded)."""
+    if scorer is not None:
+        record["score"] = scorer.score(example, [t["output_text"] for t in record.get("turns", [record])])
+
+
+def build_record(spec: RunSpec, example: Example, index: int, repeat: int, max_new_tokens: int, turns: list[dict],
+                 **measured) -> dict:
+    """One record of the schema: identity, the turns combined (and kept when there are several), then what the
+    engine says about how it measured (dtype, env, model_info, config; engine=vllm adds ``batch``)."""
+    record = {
+        "schema": SCHEMA_VERSION,
+        "run_key": spec.key,
+        "method": spec.method,
+        "pair": spec.pair,
+        "data": spec.data,
+        "prompt_id": example.id,
+        "prompt_index": index,
+        "repeat": repeat,
+        "max_new_tokens": max_new_tokens,
+        **combine_turns(turns),
+        **measured,
+        "timestamp": time.time(),
+    }
+    if len(turns) > 1:
+        record["turns"] = turns
+    return record
 
 
 def classify_record(lossless, prompts: list[list[int]], record: dict, baseline: dict) -> dict:

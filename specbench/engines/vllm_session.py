@@ -59,10 +59,10 @@ def step_counters(new_tokens: int, spec: dict | None) -> dict:
 
 
 class VllmSession:
-    """A started ``vllm.LLM`` (with or without speculation) and the settings every request gets."""
+    """A started ``vllm.LLM`` (with or without speculation) and the stop ids every request gets."""
 
-    def __init__(self, llm, speculative: dict | None, eos_ids: set[int]):
-        self.llm, self.speculative, self.eos_ids = llm, speculative, sorted(eos_ids)
+    def __init__(self, llm, eos_ids: set[int]):
+        self.llm, self.eos_ids = llm, sorted(eos_ids)
 
     def params(self, max_new_tokens: int, temperature: float, top_p: float, seed: int | None):
         from vllm import SamplingParams

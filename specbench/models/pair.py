@@ -97,12 +97,13 @@ def plain_conversation(messages: Sequence[dict]) -> str:
 
 
 def eos_ids_of(tokenizer, *models, extra: Sequence[int] = ()) -> set[int]:
-    """EOS ids from the tokenizer, the models' generation configs and any configured extras."""
+    """EOS ids from the tokenizer, the models' generation configs (a model, or its GenerationConfig alone when
+    the weights are not loaded here: engine=vllm) and any configured extras."""
     ids: set[int] = set(int(i) for i in extra)
     if tokenizer.eos_token_id is not None:
         ids.add(int(tokenizer.eos_token_id))
     for model in models:
-        gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+        gen_eos = getattr(getattr(model, "generation_config", model), "eos_token_id", None)
         if gen_eos is not None:
             ids.update([gen_eos] if isinstance(gen_eos, int) else gen_eos)
     return ids
