@@ -14,6 +14,7 @@ from transformers.utils import logging as transformers_logging
 from .config_check import check_settings
 from .environment import available_cores
 from .errors import ConfigError, LosslessnessError, require
+from .heads.artifact import recorded_sha256
 from .lossless import LosslessCheck
 from .metrics import one_per_prompt, summarize
 from .models.precision import precision_of_config
@@ -55,6 +56,9 @@ def spec_for(cfg: DictConfig, method_cfg: DictConfig, engine=None) -> RunSpec:
     data = OmegaConf.to_container(cfg.data, resolve=True)
     data.pop("limit", None)
     method = OmegaConf.to_container(method_cfg, resolve=True)
+    head_sha256 = recorded_sha256(method)  # a trained draft head's weights (method=eagle / griffin)
+    if head_sha256:
+        method["head_sha256"] = head_sha256
     identity = {
         "schema": SCHEMA_VERSION,
         "model": OmegaConf.to_container(cfg.model, resolve=True),
@@ -145,6 +149,8 @@ def measure(cfg: DictConfig, spec: RunSpec, pair=None) -> dict:
     sampling = OmegaConf.to_container(cfg.sampling, resolve=True)
     tracker = build(cfg.logger, "logger") if cfg.get("logger") else None
     config = OmegaConf.to_container(cfg, resolve=True)
+    if recorded_sha256(config["method"]):  # every record names the trained head it drafted with
+        config["method"]["head_sha256"] = recorded_sha256(config["method"])
     exact = sampling["temperature"] == 0
     runner = Runner(pair, dataset.max_new_tokens, warmup=cfg.runner.warmup,
                     warmup_max_new_tokens=cfg.runner.warmup_max_new_tokens, repeats=cfg.runner.repeats,

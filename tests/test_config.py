@@ -8,6 +8,8 @@ from omegaconf import OmegaConf
 from specbench.app import build, spec_for
 from specbench.config_check import check_components, check_settings
 from specbench.errors import ConfigError
+from specbench.heads.artifact import save_head
+from specbench.heads.model import DraftHead, HeadConfig
 
 from .conftest import ROOT, run_cli
 
@@ -76,7 +78,7 @@ def test_data_path_override_reads_local_file(tmp_path):
 
 
 @pytest.mark.parametrize("name", ["tiny_llama", "tiny_gpt2"])
-def test_tiny_pairs_and_methods_instantiate(name):
+def test_tiny_pairs_and_methods_instantiate(name, tmp_path):
     cfg = composed(f"model={name}")
     pair = build(cfg.model, "model")
     for method in options("method"):
@@ -84,7 +86,14 @@ def test_tiny_pairs_and_methods_instantiate(name):
             with pytest.raises(ConfigError, match="method.policy.classifier.*specbench.disco"):
                 build(composed("method=disco").method, "method", pair=pair, temperature=0.0, top_p=1.0, seed=0)
             continue
-        node = composed(f"method={method}").method
+        node = composed(f"method={method}", f"paths.heads={tmp_path}", f"model={name}").method
+        if node._target_ == "specbench.methods.feature_head.FeatureHeadMethod":  # needs a trained head
+            with pytest.raises(ConfigError, match=r"method\.head: no trained head at .*python -m specbench\.heads"):
+                build(node, "method", pair=pair, temperature=0.0, top_p=1.0, seed=0)
+            if name == "tiny_gpt2":  # a head drafts for Llama-family targets
+                continue
+            config = HeadConfig.for_target(pair.target.config, node.kind)
+            save_head(node.head, DraftHead(config).init_weights(), None, {"test": True})
         if node._target_ == "specbench.methods.engine_only.EngineMethod":  # vLLM's own methods (EAGLE, MTP ...)
             with pytest.raises(ConfigError, match=f"method={method}: runs only with engine=vllm"):
                 build(node, "method", pair=pair, temperature=0.0, top_p=1.0, seed=0)

@@ -99,8 +99,8 @@ def test_hf_refuses_batches_before_any_model_loads(tmp_path, no_model_loads):
 
 
 def test_vllm_only_method_with_hf_fails_before_any_model_loads(tmp_path, no_model_loads):
-    cfg = composed("model=tiny_llama", "method=eagle", f"runner.records_dir={tmp_path}")
-    with pytest.raises(ConfigError, match=r"^method=eagle: runs only with engine=vllm \(it is vLLM's 'eagle'\)"):
+    cfg = composed("model=tiny_llama", "method=eagle3", f"runner.records_dir={tmp_path}")
+    with pytest.raises(ConfigError, match=r"^method=eagle3: runs only with engine=vllm \(it is vLLM's 'eagle3'\)"):
         run(cfg)
 
 
@@ -212,11 +212,16 @@ def test_method_without_vllm_counterpart_lists_what_vllm_has(installed):
         speculative_config(method("method=lookahead"), FILES)
 
 
-def test_eagle_needs_a_head(installed):
+def test_eagle_needs_a_published_head(installed, tmp_path):
     with pytest.raises(ConfigError, match=r"^method\.head: vLLM's eagle needs a draft head made for this target"):
-        speculative_config(method("method=eagle"), FILES)
+        speculative_config(method("method=eagle", "method.head=null"), FILES)
     assert speculative_config(method("method=eagle", "method.head=org/eagle-head"), FILES) == {
-        "method": "eagle", "num_speculative_tokens": 4, "model": "org/eagle-head"}
+        "method": "eagle", "num_speculative_tokens": 5, "model": "org/eagle-head"}
+    (tmp_path / "head.json").write_text("{}")  # a head trained here: specbench's format, not vLLM's
+    with pytest.raises(ConfigError, match=r"^method\.head: .* is a head trained here \(specbench format\)"):
+        speculative_config(method("method=eagle", f"method.head={tmp_path}"), FILES)
+    with pytest.raises(ConfigError, match=r"^method\.kind: vLLM has no GRIFFIN drafting"):
+        speculative_config(method("method=griffin"), FILES)
 
 
 def test_method_the_installed_vllm_lacks_lists_the_installed_ones(monkeypatch):

@@ -66,10 +66,19 @@ class CachedLM:
             dtype = next(self.model.parameters()).dtype
             kwargs["attention_mask"], kwargs["position_ids"] = tree_inputs(parents, self.length, dtype, self.device,
                                                                             cached_parents)
+        logits = self._run(input_ids, kwargs)
+        self.sizes.append(len(ids))
+        return fit_vocabulary(logits[0].float(), self.vocab)
+
+    def _run(self, input_ids: torch.Tensor, kwargs: dict) -> torch.Tensor:
+        """One model call on (1, n) ids after the cache; keeps the new cache, returns (1, k, V) logits."""
         out = self.model(input_ids=input_ids, past_key_values=self.cache, use_cache=True, **kwargs)
         self.cache = out.past_key_values
-        self.sizes.append(len(ids))
-        return fit_vocabulary(out.logits[0].float(), self.vocab)
+        return out.logits
+
+    def features_at(self, rows: Sequence[int]) -> torch.Tensor | None:
+        """The last call's hidden states at ``rows`` of what it was fed; None: this model keeps none."""
+        return None
 
     def crop(self, new_length: int) -> None:
         """Drop cache entries past ``new_length`` (transformers 5: crop takes a negative count)."""
@@ -97,6 +106,33 @@ def fit_vocabulary(logits: torch.Tensor, vocab: int | None) -> torch.Tensor:
     if logits.shape[-1] > vocab:
         return logits[..., :vocab]
     return torch.nn.functional.pad(logits, (0, vocab - logits.shape[-1]), value=float("-inf"))
+
+
+class FeatureLM(CachedLM):
+    """A CachedLM that also keeps the features of every position it is fed: the target's last hidden state
+    (after its final norm, before ``lm_head``), F_t in EAGLE's and GRIFFIN's notation, what a feature-level
+    draft head reads. The model runs as its base model + output embeddings, so logits are ``lm_head(F)``: a
+    model whose logits are more than that (a soft-capped Gemma) is refused.
+    """
+
+    def __init__(self, model: torch.nn.Module, vocab: int | None = None):
+        super().__init__(model, vocab)
+        for attribute in ("final_logit_softcapping", "logit_scale"):
+            if getattr(model.config, attribute, None):
+                raise ValueError(f"{type(model).__name__} applies {attribute} after lm_head; feature heads read "
+                                 "lm_head(F) as the logits")
+        self.hidden: torch.Tensor | None = None  # (n, H) of the last call, in the model's dtype
+
+    def _run(self, input_ids, kwargs):
+        keep = kwargs.pop("logits_to_keep", None)
+        out = self.model.base_model(input_ids=input_ids, past_key_values=self.cache, use_cache=True, **kwargs)
+        self.cache = out.past_key_values
+        hidden = out.last_hidden_state  # (1, n, H)
+        self.hidden = hidden[0]
+        return self.model.get_output_embeddings()(hidden if keep is None else hidden[:, -keep:])
+
+    def features_at(self, rows):
+        return self.hidden[list(rows)]
 
 
 def draft_lm(pair) -> CachedLM:

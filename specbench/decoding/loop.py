@@ -62,7 +62,10 @@ def verify_step(lm: CachedLM, tokens: list[int], proposal: Proposal, sampler: Sa
         lm.crop(past + len(pending) + len(path))
     else:
         lm.keep_positions(list(range(past + len(pending))) + [positions[node] for node in path])
-    step = Step(proposal, path, next_token, argmax[:n + 1], argmax[n + 1:], tokens)
+    # the fed rows of the committed tokens: the pending ones, then the accepted path (after any side nodes)
+    side = len(proposal.side_tokens)
+    features = lm.features_at(list(range(len(pending))) + [len(pending) + side + node for node in path])
+    step = Step(proposal, path, next_token, argmax[:n + 1], argmax[n + 1:], tokens, features=features)
     tokens += step.emitted
     return step
 

@@ -97,6 +97,9 @@ class Step:
     side_argmax: list[int]  # the target's argmax at every side node
     tokens: list[int]  # the committed sequence after the step (before any EOS / budget cut)
     kept: int = 0  # of ``emitted``, the tokens the output keeps (set by the loop: cut at an EOS or the budget)
+    # the verifying model's features (decoding.cached_lm.FeatureLM) at the committed tokens this step read: the
+    # pending ones (x0 last) then the accepted path, (len(pending) + len(path), H); None for a plain CachedLM
+    features: torch.Tensor | None = None
 
     @property
     def accepted(self) -> list[int]:

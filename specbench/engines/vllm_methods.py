@@ -54,14 +54,33 @@ def engine_method(method: dict, files: ModelFiles) -> dict:
     return {**config, **(method.get("options") or {})}
 
 
+def feature_head(method: dict, files: ModelFiles) -> dict:
+    """method=eagle: vLLM's EAGLE with a published head (Hugging Face id or its downloaded directory)."""
+    from pathlib import Path
+
+    from ..heads.artifact import CONFIG_FILE
+
+    require(method.get("kind", "eagle") == "eagle", "method.kind",
+            "vLLM has no GRIFFIN drafting; method=griffin runs with engine=hf")
+    head = method.get("head")
+    require(bool(head), "method.head", "vLLM's eagle needs a draft head made for this target")
+    require(not (Path(str(head)).expanduser() / CONFIG_FILE).exists(), "method.head",
+            f"{head} is a head trained here (specbench format); vLLM loads EAGLE heads in their published format "
+            "(a Hugging Face id such as yuhuili/EAGLE-LLaMA3-Instruct-8B). Heads trained here run with engine=hf")
+    require_count(method.get("depth", 5), "method.depth")
+    return {"method": "eagle", "model": head, "num_speculative_tokens": method.get("depth", 5)}
+
+
 SPECULATIVE_CONFIGS = {
     "specbench.methods.greedy.Greedy": no_speculation,
     "specbench.methods.speculative.SpeculativeDecoding": draft_model,
     "specbench.methods.prompt_lookup.PromptLookup": ngram,
     "specbench.methods.engine_only.EngineMethod": engine_method,
+    "specbench.methods.feature_head.FeatureHeadMethod": feature_head,
 }
 # our own classes among them, whose constructors check their settings (the others exist only in vLLM)
-CONSTRUCTIBLE = set(SPECULATIVE_CONFIGS) - {"specbench.methods.engine_only.EngineMethod"}
+CONSTRUCTIBLE = set(SPECULATIVE_CONFIGS) - {"specbench.methods.engine_only.EngineMethod",
+                                            "specbench.methods.feature_head.FeatureHeadMethod"}
 OURS = "greedy, speculative (fixed γ), prompt_lookup, eagle, eagle3, medusa, mtp, suffix"
 
 

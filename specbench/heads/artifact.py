@@ -1,0 +1,189 @@
+"""A trained head on disk, and finding one: our own artifacts and the published EAGLE checkpoints.
+
+Our artifact is a directory:
+
+    head.json           HeadConfig, what it was trained on (provenance) and the weights' sha256
+    head.safetensors    the head's weights (+ ``draft_ids``, (V_d,) int64, when the vocabulary is reduced)
+
+Every run that decodes with a head records its kind, path and sha256 (``HeadArtifact.identity``), so two runs
+with different heads never share a run key.
+
+Published heads (``method.head=<Hugging Face id>``): EAGLE / EAGLE-2 checkpoints (a Llama ``config.json`` and
+``pytorch_model.bin`` or ``model.safetensors`` holding ``fc.*`` and ``layers.0.*``) load through
+``published_state`` into the same DraftHead; hub access stays off unless the method says
+``local_files_only: false`` (the error names that switch).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from ..errors import ConfigError
+from ..models.embedded import sha256_of as sha256_file
+from .model import DraftHead, HeadConfig
+
+CONFIG_FILE, WEIGHTS_FILE = "head.json", "head.safetensors"
+
+
+def save_head(directory: Path, head: DraftHead, draft_ids: torch.Tensor | None, provenance: dict) -> str:
+    """Write the artifact (weights first, then head.json naming their hash); returns the sha256."""
+    from safetensors.torch import save_file
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    tensors = {name: p.detach().float().contiguous() for name, p in head.state_dict().items()}
+    if draft_ids is not None:
+        tensors["draft_ids"] = draft_ids.long().contiguous()
+    weights = directory / WEIGHTS_FILE
+    save_file(tensors, str(weights.with_suffix(".tmp")))
+    weights.with_suffix(".tmp").replace(weights)
+    sha = sha256_file(weights)
+    meta = {"config": head.cfg.as_dict(), "sha256": sha, "provenance": provenance}
+    tmp = directory / (CONFIG_FILE + ".tmp")
+    tmp.write_text(json.dumps(meta, indent=1, sort_keys=True))
+    tmp.replace(directory / CONFIG_FILE)
+    return sha
+
+
+@dataclass
+class HeadArtifact:
+    config: HeadConfig
+    state: dict
+    draft_ids: torch.Tensor | None
+    sha256: str
+    source: str
+    provenance: dict
+
+    @property
+    def identity(self) -> dict:
+        return {"kind": self.config.kind, "source": self.source, "sha256": self.sha256}
+
+    def build(self, dtype: torch.dtype = torch.float32, device="cpu") -> DraftHead:
+        head = DraftHead(self.config)
+        result = head.load_state_dict(self.state, strict=False)
+        if result.missing_keys:
+            raise ConfigError(f"method.head: {self.source} lacks {result.missing_keys[:6]} for a {self.config.kind} "
+                              "head (a checkpoint of another kind or layout)")
+        return head.to(device=device, dtype=dtype).eval()
+
+    def check_target(self, model_config, key: str = "method.head") -> None:
+        problem = self.config.mismatch(model_config)
+        if problem:
+            raise ConfigError(f"{key}: {self.source} was made for another target ({problem}); train one for this "
+                              "target with `python -m specbench.heads model=<this pair>` or pick a head made for it")
+
+
+def missing(directory: Path, key: str) -> ConfigError:
+    return ConfigError(f"{key}: no trained head at {directory} (expected {CONFIG_FILE} and {WEIGHTS_FILE}); train one "
+                       "with `python -m specbench.heads head=<eagle|griffin>` (make heads), or name a published "
+                       "head's Hugging Face id")
+
+
+def load_local(directory: Path, key: str = "method.head") -> HeadArtifact:
+    from safetensors.torch import load_file
+
+    directory = Path(directory)
+    config_file, weights = directory / CONFIG_FILE, directory / WEIGHTS_FILE
+    if not config_file.is_file() or not weights.is_file():
+        raise missing(directory, key)
+    meta = json.loads(config_file.read_text())
+    sha = sha256_file(weights)
+    if sha != meta.get("sha256"):
+        raise ConfigError(f"{key}: {weights} does not match the sha256 in {config_file} (a partial or edited file); "
+                          "re-run the training stage that wrote it")
+    state = load_file(str(weights))
+    draft_ids = state.pop("draft_ids", None)
+    return HeadArtifact(HeadConfig(**meta["config"]), state, draft_ids, sha, str(directory), meta.get("provenance", {}))
+
+
+def recorded_sha256(method: dict) -> str | None:
+    """The sha256 a head artifact's head.json records, for a method config naming one (None otherwise): part of
+    the run's identity, so retraining a head at the same path starts a new run instead of mixing records."""
+    head = method.get("head")
+    if not isinstance(head, str) or method.get("_target_") != "specbench.methods.feature_head.FeatureHeadMethod":
+        return None
+    path = Path(head).expanduser() / CONFIG_FILE
+    if not path.is_file():
+        return None
+    return json.loads(path.read_text()).get("sha256")
+
+
+def looks_like_hub_id(name: str) -> bool:
+    return name.count("/") == 1 and not name.startswith((".", "/", "~")) and not Path(name).exists()
+
+
+def load_head(name: str, kind: str, local_files_only: bool = True, key: str = "method.head") -> HeadArtifact:
+    """Our artifact directory, or a published EAGLE-format head by Hugging Face id (kind: the method's)."""
+    path = Path(name).expanduser()
+    if (path / CONFIG_FILE).exists() or not looks_like_hub_id(name):
+        artifact = load_local(path, key)
+        if artifact.config.kind != kind:
+            raise ConfigError(f"{key}: {path} is a {artifact.config.kind} head; method {kind} needs a {kind} head "
+                              f"(method={artifact.config.kind} runs it)")
+        return artifact
+    return load_published(name, kind, local_files_only, key)
+
+
+def load_published(repo_id: str, kind: str, local_files_only: bool, key: str) -> HeadArtifact:
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
+    from transformers import AutoConfig
+
+    try:
+        directory = Path(snapshot_download(repo_id, local_files_only=local_files_only,
+                                           allow_patterns=["*.json", "*.bin", "*.safetensors"]))
+    except LocalEntryNotFoundError:
+        raise ConfigError(f"{key}: {repo_id} is not in the local Hugging Face cache and hub access is off; set "
+                          "method.local_files_only=false on a machine with hub access (or HF_HUB_OFFLINE unset), "
+                          "or pass a local directory") from None
+    config = AutoConfig.from_pretrained(directory)
+    state = read_state(directory)
+    head_config = HeadConfig.for_target(config, kind, fc_bias="fc.bias" in state)
+    return HeadArtifact(head_config, published_state(state, kind), None, weights_digest(directory), repo_id,
+                        {"published": repo_id})
+
+
+def read_state(directory: Path) -> dict:
+    files = sorted(directory.glob("*.safetensors"))
+    if files:
+        from safetensors.torch import load_file
+        state = {}
+        for f in files:
+            state.update(load_file(str(f)))
+        return state
+    files = sorted(directory.glob("*.bin"))
+    if not files:
+        raise ConfigError(f"method.head: {directory} holds no .safetensors or .bin weights")
+    state = {}
+    for f in files:
+        state.update(torch.load(f, map_location="cpu", weights_only=True))
+    return state
+
+
+def weights_digest(directory: Path) -> str:
+    digest = hashlib.sha256()
+    for f in sorted(list(directory.glob("*.safetensors")) + list(directory.glob("*.bin"))):
+        digest.update(sha256_file(f).encode())
+    return digest.hexdigest()
+
+
+# EAGLE's names -> ours (its single decoder layer is ``layers.0``; embed_tokens / lm_head copies are dropped:
+# the target's own are used)
+PUBLISHED_PREFIXES = {"fc.": "fusion.fc.", "layers.0.": ""}
+
+
+def published_state(state: dict, kind: str) -> dict:
+    out = {}
+    for name, tensor in state.items():
+        for old, new in PUBLISHED_PREFIXES.items():
+            if name.startswith(old):
+                out[new + name[len(old):]] = tensor
+                break
+    if "fusion.fc.weight" not in out:
+        raise ConfigError("method.head: the checkpoint has no fc.weight; it is not an EAGLE-format head "
+                          f"(keys: {sorted(state)[:8]} ...)")
+    return out

@@ -1,0 +1,131 @@
+"""EAGLE-2's dynamic draft tree (Li et al. 2024b), grown by a feature-level head (EAGLE or GRIFFIN) as a proposer
+on the shared speculative loop (decoding/loop.py, with the target as a FeatureLM).
+
+Per step, after the committed tokens x_0..x_{L-1} (x_{L-1} = x0, the root; the target's features F_0..F_{L-2}
+are known from earlier verifications):
+
+1. Catch-up: the head reads (F_i, x_{i+1}) for the positions i it has not read yet, up to L-2, in one causal
+   forward; its output at L-2 gives the root's draft distribution and the regress feature F̂_{L-1}.
+2. Expansion (depth 1..D): the root's top-K tokens are depth 1. At every later depth the K frontier nodes are
+   fed in one head forward as a token tree (each reads its parent's regress feature and its own token, sees the
+   committed prefix and its ancestors); each gets its top-K children, scored by cumulative log-probability
+   (the head's softmax at temperature 1, summed from the root); all K·K children join the candidate pool and
+   the best K (by score; EOS nodes are never expanded) become the next frontier.
+3. Rerank: the ``max_nodes`` best candidates by score form the tree (a child scores at most its parent, so
+   the set keeps every chosen node's ancestors; ties go to the shallower, earlier node).
+
+The first step proposes nothing: the target's prefill gives x0 and the prompt's features (EAGLE does the same).
+The proposal is point masses (top-K given the context is deterministic), so verification is greedy-exact at
+T=0 and, by recursive rejection sampling, exact in distribution above it. The head's cache is cropped back to
+the committed positions after each proposal. Counters in ``extra``: per step ``tree_nodes``, ``tree_depth``.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..decoding.proposal import Proposal, Step, StepContext
+from ..decoding.token_tree import tree_inputs
+from .model import DraftHead, HeadCache, TargetParts
+
+
+class HeadTree:
+    """Proposer: a DraftHead's EAGLE-2 tree (module docstring). top_k = K, depth = D, max_nodes = the budget."""
+
+    draft = None  # no draft model: the head's forwards are counted in ``extra`` (head_forwards)
+
+    def __init__(self, head: DraftHead, parts: TargetParts, top_k: int, depth: int, max_nodes: int):
+        self.head, self.parts = head, parts
+        self.top_k, self.depth, self.max_nodes = top_k, depth, max_nodes
+        self.dtype = next(head.parameters()).dtype
+        self.device = next(head.parameters()).device
+        self.cache = HeadCache()
+        self.features: list[torch.Tensor] = []  # the target's features of the committed tokens, in chunks
+        self.known = 0  # how many committed tokens have a feature
+        self.tree_nodes: list[int] = []
+        self.tree_depth: list[int] = []
+        self.head_forwards = 0
+
+    def _head(self, ids: list[int], features: torch.Tensor, parents: list[int], cached_parents: list[int]):
+        """One head forward over new positions; returns (logp (n, V_d) float32, regress (n, H))."""
+        mask, positions = tree_inputs(parents, self.cache.length, self.dtype, self.device, cached_parents)
+        embeds = self.parts.embed(torch.tensor([ids], device=self.device))
+        predict, regress = self.head(embeds.to(self.dtype), features[None].to(self.dtype), positions, mask,
+                                     self.cache)
+        self.head_forwards += 1
+        logp = torch.log_softmax(self.parts.logits(predict[0]).float(), dim=-1)
+        return logp, regress[0]
+
+    @torch.inference_mode()
+    def propose(self, context: StepContext) -> Proposal:
+        proposal = Proposal()
+        tokens = context.tokens
+        depth_cap = min(self.depth, context.room)
+        if self.known == 0 or depth_cap <= 0:
+            self._count(proposal)
+            return proposal  # the prefill step (no features yet), or no room left
+        if self.known != len(tokens) - 1:
+            raise RuntimeError(f"HeadTree: features for {self.known} tokens, expected {len(tokens) - 1}")
+        start = self.cache.length  # head positions read so far; read (F_i, x_{i+1}) for i = start .. L-2
+        features = torch.cat(self.features)[start:]
+        n = len(tokens) - 1 - start
+        logp, regress = self._head(tokens[start + 1:], features, list(range(-1, n - 1)), [])
+        committed = self.cache.length
+        self._grow(proposal, context, logp[-1:], regress[-1:], depth_cap)
+        self.cache.crop(committed)
+        self._count(proposal)
+        return proposal
+
+    def _grow(self, proposal: Proposal, context: StepContext, logp, regress, depth_cap: int) -> None:
+        k = self.top_k
+        pool: list[tuple[float, int, int, int]] = []  # candidates: (score, depth, parent candidate, target id)
+        frontier = [-1]  # candidates whose children come next (-1: the root)
+        score = {-1: 0.0}
+        feature_of = {-1: regress[0]}  # F̂ each frontier node's children read (the parent's regress output)
+        cached: list[int] = []
+        slot = {-1: -1}
+        for depth in range(1, depth_cap + 1):
+            top = logp.topk(min(k, logp.shape[-1]), dim=-1)
+            ids = self.parts.target_ids(top.indices).tolist()
+            children = []
+            for row, parent in enumerate(frontier):
+                for value, token in zip(top.values[row].tolist(), ids[row]):
+                    children.append(len(pool))
+                    pool.append((score[parent] + value, depth, parent, int(token)))
+            for c in children:
+                score[c] = pool[c][0]
+            expandable = [c for c in children if pool[c][3] not in context.eos_ids]
+            frontier = sorted(expandable, key=lambda c: (-pool[c][0], c))[:k]
+            if depth == depth_cap or not frontier:
+                break
+            m = len(cached)
+            links = [slot[pool[c][2]] for c in frontier]
+            for i, c in enumerate(frontier):
+                slot[c] = m + i
+            features = torch.stack([feature_of[pool[c][2]] for c in frontier])
+            logp, regress = self._head([pool[c][3] for c in frontier], features, links, cached)
+            cached += links
+            for i, c in enumerate(frontier):
+                feature_of[c] = regress[i]
+        chosen = sorted(range(len(pool)), key=lambda c: (-pool[c][0], pool[c][1], c))
+        node_of: dict[int, int] = {-1: -1}
+        for c in chosen:
+            if len(proposal.tokens) >= self.max_nodes:
+                break
+            parent = pool[c][2]
+            if parent in node_of:  # ancestors first (scores never rise along a path)
+                node_of[c] = len(proposal.tokens)
+                proposal.tokens.append(pool[c][3])
+                proposal.parents.append(node_of[parent])
+
+    def _count(self, proposal: Proposal) -> None:
+        self.tree_nodes.append(len(proposal.tokens))
+        self.tree_depth.append(proposal.depth)
+
+    def observe(self, step: Step) -> None:
+        if step.features is None:
+            raise RuntimeError("HeadTree needs the target's features: verify with a decoding.cached_lm.FeatureLM")
+        self.features.append(step.features)
+        self.known += step.features.shape[0]
+
+    def extra(self) -> dict:
+        return {"tree_nodes": self.tree_nodes, "tree_depth": self.tree_depth, "head_forwards": self.head_forwards}

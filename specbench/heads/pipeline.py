@@ -1,0 +1,212 @@
+"""The draft-head pipeline: extract → train (every stage) → evaluate, resumable, one head per ``head=`` config.
+
+    python -m specbench.heads head=griffin              # every stage (make heads)
+    python -m specbench.heads head=eagle stage=train    # one stage; earlier outputs are reused
+    python -m specbench.heads head=griffin stage=train train_stage=2   # one TAT stage (stage 1 must exist)
+
+Outputs under <out_dir>/<model name>/:
+
+    data-<hash>/                 prompts' regenerated answers and the target's features (extract.py); shared by
+                                 every head trained on the same prompts, budget and target
+    <head name>/train.json       what the head depends on (its config, training settings, data hash)
+    <head name>/stage-<j>/       the head after training stage j (an artifact: head.json + head.safetensors)
+    <head name>/head.json, head.safetensors   the final head: what ``method.head`` names
+    <head name>/history.json     loss and top-1 per step;  evaluation.json  held-out accuracy per depth
+
+Every artifact's head.json carries the sha256 of its weights and where it came from; runs that decode with the
+head record that hash (its run key changes when the head does).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import torch
+from hydra import compose
+from omegaconf import DictConfig, OmegaConf
+
+from .. import app
+from ..errors import ConfigError, require
+from .artifact import CONFIG_FILE, WEIGHTS_FILE, load_local, save_head
+from .extract import extract, load_sequences
+from .model import DraftHead, HeadConfig, TargetParts, parameter_count
+from .sharegpt import package_file, training_prompts
+from .train import (StageRun, TrainSettings, check_predecessor, draft_vocabulary, evaluate, split, target_to_draft,
+                    write_json)
+
+STAGES = ("extract", "train", "evaluate")
+
+
+def digest(data) -> str:
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def plain(node) -> dict:
+    return OmegaConf.to_container(node, resolve=True) if node is not None else {}
+
+
+def log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+class HeadPipeline:
+    def __init__(self, cfg: DictConfig):
+        self.cfg = cfg
+        require(cfg.stage in STAGES + ("all",), "stage", f"must be one of {list(STAGES) + ['all']}, got {cfg.stage!r}")
+        self.head_cfg = plain(cfg.head)
+        for key in ("name", "kind", "train"):
+            require(key in self.head_cfg, f"head.{key}", "missing from the head config (conf/head/*.yaml)")
+        self.settings = self._settings()
+        self.model_cfg = cfg.model
+        self.data = plain(cfg.data)
+        self.base = Path(cfg.out_dir) / self.model_cfg.name
+        self.data_dir = self.base / f"data-{digest(self.data_identity())}"
+        self.head_dir = self.base / self.head_cfg["name"]
+        self._pair = None
+
+    def _settings(self) -> TrainSettings:
+        train = dict(self.head_cfg["train"])
+        stages = train.get("stages")
+        require(isinstance(stages, list) and stages, "head.train.stages", "needs a list of {passes, epochs, lr}")
+        for i, stage in enumerate(stages):
+            require(isinstance(stage, dict) and set(stage) == {"passes", "epochs", "lr"}, f"head.train.stages[{i}]",
+                    f"must have exactly passes, epochs and lr, got {stage!r}")
+            require(isinstance(stage["passes"], int) and stage["passes"] >= 1, f"head.train.stages[{i}].passes",
+                    f"must be a positive integer, got {stage['passes']!r}")
+        try:
+            return TrainSettings.from_dict(train)
+        except TypeError as exc:
+            raise ConfigError(f"head.train: {exc}") from None
+
+    # -- identities ---------------------------------------------------------------------------------------
+    def data_identity(self) -> dict:
+        return {"model": plain(self.model_cfg), **{k: v for k, v in self.data.items() if k != "batch_size"}}
+
+    def train_identity(self) -> dict:
+        head = {k: v for k, v in self.head_cfg.items() if k not in ("train", "name")}
+        return {"head": head, "train": self.head_cfg["train"], "data": self.data_dir.name}
+
+    @property
+    def pair(self):
+        if self._pair is None:
+            self._pair = app.build(self.model_cfg, "model")
+        return self._pair
+
+    # -- stages -------------------------------------------------------------------------------------------
+    def run(self, stage: str) -> None:
+        torch.set_num_threads(self.settings.threads or torch.get_num_threads())
+        for name in STAGES:
+            if stage in (name, "all"):
+                getattr(self, name)()
+
+    def evaluation_prompts(self) -> list[str]:
+        texts = []
+        for name in self.data.get("exclude") or []:
+            cfg = compose(config_name="config", overrides=[f"data={name}", "data.limit=null"])
+            if "sample" in cfg.data:
+                cfg.data.sample = None
+            for example in app.build(cfg.data, f"heads.data.exclude ({name})").examples():
+                texts += list(example.turns)
+        return texts
+
+    def extract(self) -> None:
+        path = Path(self.data["path"]) if self.data.get("path") else package_file()
+        require(path.is_file(), "heads.data.path", f"{path} does not exist (a ShareGPT-format JSON file)")
+        texts = training_prompts(path, self.data["prompts"], self.evaluation_prompts(), self.data.get("seed", 0))
+        prompts = [(hashlib.sha1(t.encode()).hexdigest()[:12], t) for t in texts]
+        log(f"[heads] {len(prompts)} training prompts from {path.name} (none overlapping {self.data.get('exclude')})")
+        extract(self.pair, prompts, self.data_dir, self.data["max_new_tokens"], self.data["batch_size"],
+                self.data["max_prompt_tokens"], self.data_identity(), log)
+
+    def train(self) -> None:
+        identity = self.train_identity()
+        self.head_dir.mkdir(parents=True, exist_ok=True)
+        marker = self.head_dir / "train.json"
+        if marker.exists() and json.loads(marker.read_text()) != identity:
+            raise ConfigError(f"head: {self.head_dir} holds a head trained with other settings; remove it, or give "
+                              f"this one another head.name")
+        marker.write_text(json.dumps(identity, indent=1, sort_keys=True))
+        sequences = load_sequences(self.data_dir)
+        pair = self.pair
+        target = pair.target
+        kind = self.head_cfg["kind"]
+        options = {k: v for k, v in self.head_cfg.items() if k in HEAD_OPTIONS and v is not None}
+        config = HeadConfig.for_target(target.config, kind, **options)
+        draft_ids = draft_vocabulary(sequences, config.draft_vocab_size, config.vocab_size, pair.eos_ids)
+        t2d = target_to_draft(draft_ids, config.vocab_size)
+        train_set, held_out = split(sequences, self.head_cfg.get("holdout", 0.05), self.settings.seed)
+        parts = TargetParts.of(target, draft_ids, torch.float32)
+        only = self.cfg.get("train_stage")
+        indices = range(1, len(self.settings.stages) + 1) if only is None else [int(only)]
+        require(all(1 <= i <= len(self.settings.stages) for i in indices), "train_stage",
+                f"must be 1..{len(self.settings.stages)} (head.train.stages), got {only!r}")
+        history = self._history()
+        for index in indices:
+            stage_dir = self.head_dir / f"stage-{index}"
+            if (stage_dir / CONFIG_FILE).exists():
+                log(f"[heads] stage {index}: done ({stage_dir})")
+                continue
+            check_predecessor(self.head_dir, index)
+            head = self._start_head(config, index)
+            began = time.perf_counter()
+            run = StageRun(head, parts, self.settings, self.settings.stages[index - 1], index, stage_dir, log)
+            rows = run.run(train_set, t2d)
+            history[str(index)] = rows
+            write_json(self.head_dir / "history.json", history)
+            save_head(stage_dir, head, draft_ids, self._provenance(index, sequences, train_set, rows,
+                                                                   time.perf_counter() - began))
+            (stage_dir / "partial.pt").unlink(missing_ok=True)
+            log(f"[heads] stage {index}: saved {stage_dir} ({parameter_count(head) / 1e6:.1f} M parameters)")
+        last = self.head_dir / f"stage-{len(self.settings.stages)}"
+        if (last / CONFIG_FILE).exists():
+            for name in (WEIGHTS_FILE, CONFIG_FILE):  # weights first: head.json names their hash
+                shutil.copyfile(last / name, self.head_dir / (name + ".tmp"))
+                (self.head_dir / (name + ".tmp")).replace(self.head_dir / name)
+            log(f"[heads] final head: {self.head_dir} (method.head={self.head_dir})")
+
+    def _history(self) -> dict:
+        path = self.head_dir / "history.json"
+        return json.loads(path.read_text()) if path.exists() else {}
+
+    def _start_head(self, config: HeadConfig, index: int) -> DraftHead:
+        if index == 1:
+            return DraftHead(config).init_weights(seed=self.settings.seed, std=self.head_cfg.get("init_std", 0.02))
+        return load_local(self.head_dir / f"stage-{index - 1}", "head").build(torch.float32)
+
+    def _provenance(self, index, sequences, train_set, rows, seconds) -> dict:
+        return {"stage": index, "stages": len(self.settings.stages), "head": self.head_cfg["name"],
+                "data": str(self.data_dir), "sequences": len(sequences), "train_sequences": len(train_set),
+                "answer_tokens": sum(len(s["ids"]) - s["start"] for s in sequences),
+                "steps": len(rows), "seconds": round(seconds, 1), "train": self.head_cfg["train"],
+                "torch": torch.__version__}
+
+    def evaluate(self) -> None:
+        artifact = load_local(self.head_dir, "head")
+        sequences = load_sequences(self.data_dir)
+        _, held_out = split(sequences, self.head_cfg.get("holdout", 0.05), self.settings.seed)
+        parts = TargetParts.of(self.pair.target, artifact.draft_ids, torch.float32)
+        t2d = target_to_draft(artifact.draft_ids, artifact.config.vocab_size)
+        result = evaluate(artifact.build(torch.float32), parts, held_out, self.settings, t2d)
+        coverage = answer_coverage(sequences, artifact.draft_ids)
+        result.update({"head": str(self.head_dir), "sha256": artifact.sha256, "draft_vocab_coverage": coverage})
+        write_json(self.head_dir / "evaluation.json", result)
+        depths = ", ".join(f"{r['top1']:.2f}" for r in result["depths"])
+        log(f"[heads] evaluation ({len(held_out)} held-out sequences): top-1 by depth {depths}; expected chain τ "
+            f"{result['expected_chain_tau']:.2f}; draft vocabulary covers {coverage:.1%} of answer tokens")
+
+
+# HeadConfig fields a head config may set
+HEAD_OPTIONS = ("intermediate_size", "draft_vocab_size", "fusion", "dual", "tgf_width", "tgf_second", "fc_bias")
+
+
+def answer_coverage(sequences: list[dict], draft_ids) -> float:
+    """Share of answer tokens the draft vocabulary holds (what a reduced vocabulary can cost at most)."""
+    if draft_ids is None:
+        return 1.0
+    keep = set(draft_ids.tolist())
+    answer = [t for s in sequences for t in s["ids"][s["start"]:].tolist()]
+    return sum(t in keep for t in answer) / max(len(answer), 1)

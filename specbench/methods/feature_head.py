@@ -1,0 +1,62 @@
+"""``method=eagle`` / ``method=griffin``: a feature-level draft head (EAGLE's or GRIFFIN's, heads/model.py)
+drafting EAGLE-2 dynamic trees (heads/dynamic_tree.py) that the target verifies on the shared loop.
+
+The target runs as a FeatureLM (its forwards also keep its last hidden states, the features the head reads).
+No draft model: ``model`` may be a pair without one. The head comes from ``method.head``: a directory
+written by ``python -m specbench.heads`` (our EAGLE / GRIFFIN heads) or a published EAGLE-format head's
+Hugging Face id; a head made for another target (hidden size, vocabulary, attention layout) is refused when
+the pair loads, a missing one before.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..decoding.cached_lm import FeatureLM
+from ..decoding.loop import speculative_generate
+from ..errors import require
+from ..heads.artifact import CONFIG_FILE, load_head, looks_like_hub_id, missing
+from ..heads.dynamic_tree import HeadTree
+from ..heads.model import HeadConfig, TargetParts
+from .base import NoTimeline, ProposerMethod, positive_int
+
+
+class FeatureHeadMethod(ProposerMethod):
+    """Knobs (EAGLE-2's names): ``top_k`` K (children per expanded node and frontier width), ``depth`` D (head
+    forwards per step), ``max_nodes`` (tree budget: total_token). ``kind``: eagle | griffin, the head it needs."""
+
+    def __init__(self, pair, name: str = "eagle", kind: str = "eagle", head: str | None = None, top_k: int = 8,
+                 depth: int = 5, max_nodes: int = 24, local_files_only: bool = True, temperature: float = 0.0,
+                 top_p: float = 1.0, seed: int = 0):
+        super().__init__(pair, name, temperature, top_p, seed)
+        require(kind in ("eagle", "griffin"), "method.kind", f"must be eagle or griffin, got {kind!r}")
+        self.kind = kind
+        self.top_k = positive_int(top_k, "method.top_k", "children per expanded node, K")
+        self.depth = positive_int(depth, "method.depth", "tree depth D: head forwards per step")
+        self.max_nodes = positive_int(max_nodes, "method.max_nodes", "most tree nodes per step")
+        require(isinstance(head, str) and head.strip() != "", "method.head",
+                f"needs the {kind} head to draft with: a directory from `python -m specbench.heads head={kind}` "
+                "(make heads) or a published head's Hugging Face id")
+        if not looks_like_hub_id(head) and not (Path(head).expanduser() / CONFIG_FILE).is_file():
+            raise missing(Path(head).expanduser(), "method.head")
+        self.head_source, self.local_files_only = head, local_files_only
+        target = pair.target  # a ConfigOnlyPair stops the early build here: the rest needs the loaded pair
+        self.artifact = load_head(head, kind, local_files_only)
+        HeadConfig.for_target(target.config, kind)  # a target no head can draft for (GPT-2) is named first
+        self.artifact.check_target(target.config)
+        dtype = next(target.parameters()).dtype
+        self.head = self.artifact.build(dtype=dtype, device=pair.device)
+        self.parts = TargetParts.of(target, self.artifact.draft_ids, dtype)
+        self.parts.draft_ids = None if self.parts.draft_ids is None else self.parts.draft_ids.to(pair.device)
+
+    @property
+    def identity(self) -> dict:
+        """What a run records about the head (its hash decides the run key through the method config)."""
+        return self.artifact.identity
+
+    def make_proposer(self, prompt_ids) -> HeadTree:
+        return HeadTree(self.head, self.parts, self.top_k, self.depth, self.max_nodes)
+
+    def generate(self, prompt_ids, max_new_tokens, eos_ids, timeline=NoTimeline()):
+        target = FeatureLM(self.pair.target)
+        return speculative_generate(target, self.make_proposer(prompt_ids), prompt_ids, max_new_tokens, eos_ids,
+                                    self.sampler, timeline)

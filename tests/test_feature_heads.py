@@ -1,0 +1,254 @@
+"""EAGLE / GRIFFIN heads: the head network, EAGLE-2's dynamic tree on the shared loop (greedy-exact, exact in
+distribution when sampling), artifacts and the errors around them. Heads here are random (untrained): the
+loop's guarantees may not depend on the head being any good."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from specbench.decoding.cached_lm import CachedLM, FeatureLM
+from specbench.decoding.proposal import StepContext
+from specbench.decoding.sampling import Sampler
+from specbench.errors import ConfigError
+from specbench.heads.artifact import load_head, save_head
+from specbench.heads.dynamic_tree import HeadTree
+from specbench.heads.model import DraftHead, HeadCache, HeadConfig, TargetParts, stream_mask
+from specbench.methods.feature_head import FeatureHeadMethod
+from specbench.methods.greedy import Greedy
+from specbench.models.tiny import build_tiny_pair
+
+from .distribution_helpers import (EOS, MAX_NEW, exact_sequence_distribution, goodness_of_fit, sample_generations,
+                                   small_vocab_pair)
+
+PAIRS = {}
+
+
+def tiny_pair(seed: int = 0):
+    if seed not in PAIRS:
+        PAIRS[seed] = build_tiny_pair(name="tiny-llama", seed=seed)
+    return PAIRS[seed]
+
+
+def random_head(pair, kind: str, directory, seed: int = 1, std: float = 0.1, draft_ids=None, **options) -> str:
+    config = HeadConfig.for_target(pair.target.config, kind, draft_vocab_size=0 if draft_ids is None
+                                   else len(draft_ids), **options)
+    save_head(directory, DraftHead(config).init_weights(seed=seed, std=std), draft_ids, {"test": True})
+    return str(directory)
+
+
+# -- the network -------------------------------------------------------------------------------------------------
+
+def test_stream_mask_is_what_drafting_p_minus_1_ahead_sees():
+    assert stream_mask(3, 1).int().tolist() == [[1, 0, 0], [1, 1, 0], [1, 1, 1]]  # pass 1: causal
+    # pass 2, query t: target stream up to t-1, own stream only at t
+    assert stream_mask(3, 2).int().tolist() == [[0, 0, 0, 1, 0, 0], [1, 0, 0, 0, 1, 0], [1, 1, 0, 0, 0, 1]]
+    three = stream_mask(4, 3).int()
+    assert three[3].tolist() == [1, 1, 0, 0] + [0, 0, 1, 0] + [0, 0, 0, 1]  # F_0..F_1, then t-1 of stream 1, self
+
+
+@pytest.mark.parametrize("kind", ["eagle", "griffin"])
+def test_a_cached_step_by_step_forward_equals_one_causal_forward(kind):
+    pair = tiny_pair()
+    head = DraftHead(HeadConfig.for_target(pair.target.config, kind)).init_weights(seed=3, std=0.2)
+    embeds, features = torch.randn(1, 7, 64), torch.randn(1, 7, 64)
+    positions = torch.arange(7)[None]
+    whole = head(embeds, features, positions)
+    cache, rows = HeadCache(), []
+    for t in range(7):
+        mask = torch.zeros(1, 1, 1, t + 1)
+        rows.append(head(embeds[:, t:t + 1], features[:, t:t + 1], positions[:, t:t + 1], mask, cache))
+    for i in range(2):
+        assert torch.allclose(torch.cat([r[i] for r in rows], 1), whole[i], rtol=1e-4, atol=1e-4)
+    if kind == "eagle":
+        assert torch.equal(whole[0], whole[1])  # one output: predict == regress
+    else:
+        assert not torch.allclose(whole[0], whole[1])  # the dual head's two halves
+
+
+@pytest.mark.parametrize("second", ["token", "feature", "fused"])
+def test_tgf_variants_read_what_they_say(second):
+    pair = tiny_pair()
+    head = DraftHead(HeadConfig.for_target(pair.target.config, "griffin", tgf_second=second)).init_weights(std=0.2)
+    e, f = torch.randn(1, 2, 64), torch.randn(1, 2, 64)
+    base = head.fusion(e, f)
+    changed = head.fusion(e, f + 1.0)
+    assert not torch.allclose(base, changed)
+    with pytest.raises(ValueError, match="tgf_second 'x'; valid: token, feature, fused"):
+        HeadConfig.for_target(pair.target.config, "griffin", tgf_second="x")
+
+
+def test_target_features_are_the_final_norm_hidden_states_and_logits_are_lm_head_of_them():
+    pair = tiny_pair()
+    lm, plain = FeatureLM(pair.target), CachedLM(pair.target)
+    ids = [5, 9, 14, 200, 31]
+    logits = lm.forward(ids)
+    assert torch.allclose(logits, plain.forward(ids), atol=1e-5)
+    hidden = pair.target(input_ids=torch.tensor([ids]), output_hidden_states=True).hidden_states[-1][0]
+    assert torch.allclose(lm.features_at(range(5)), hidden, atol=1e-5)
+
+
+# -- the dynamic tree ------------------------------------------------------------------------------------------------
+
+def proposer(pair, directory, kind="eagle", top_k=3, depth=3, max_nodes=8, **options):
+    from specbench.heads.artifact import load_local
+    artifact = load_local(random_head(pair, kind, directory, **options))
+    return HeadTree(artifact.build(), TargetParts.of(pair.target, artifact.draft_ids), top_k, depth, max_nodes)
+
+
+def test_the_first_step_is_the_prefill_and_trees_are_tries_within_budget(tmp_path):
+    pair = tiny_pair()
+    tree = proposer(pair, tmp_path, top_k=3, depth=3, max_nodes=8)
+    context = StepContext([5, 6, 7], 0, 30, set(), Sampler())
+    assert tree.propose(context).tokens == []  # no features yet: the target's prefill step
+    lm = FeatureLM(pair.target)
+    lm.forward([5, 6, 7])
+    tree.features, tree.known = [lm.features_at(range(2))], 2  # as observe() leaves them after a prefill of 3
+    proposal = tree.propose(context)
+    assert len(proposal.tokens) == 8 and 2 <= proposal.depth <= 3
+    kids = proposal.children()
+    assert all(len({proposal.tokens[c] for c in cs}) == len(cs) for cs in kids.values())  # a trie
+    assert len(kids[-1]) <= 3 and tree.cache.length == 2  # K children at most; tree nodes cropped away
+
+
+def test_rerank_keeps_the_best_paths_by_cumulative_log_probability(tmp_path):
+    pair = tiny_pair()
+    wide = proposer(pair, tmp_path / "a", top_k=4, depth=2, max_nodes=1000)
+    narrow = proposer(pair, tmp_path / "b", top_k=4, depth=2, max_nodes=5)
+    lm = FeatureLM(pair.target)
+    lm.forward([5, 6, 7])
+    for tree in (wide, narrow):
+        tree.features, tree.known = [lm.features_at(range(2))], 2
+    context = StepContext([5, 6, 7], 0, 30, set(), Sampler())
+    full, cut = wide.propose(context), narrow.propose(context)
+    assert len(full.tokens) == 4 + 16  # the root's top-4 and each's top-4 (every child of an expanded node)
+    paths = {tuple(full.tokens[n] for n in path_nodes(full, i)) for i in range(len(full.tokens))}
+    assert {tuple(cut.tokens[n] for n in path_nodes(cut, i)) for i in range(5)} <= paths
+
+
+def path_nodes(proposal, node):
+    out = []
+    while node >= 0:
+        out.append(node)
+        node = proposal.parents[node]
+    return out[::-1]
+
+
+cases = st.fixed_dictionaries({
+    "kind": st.sampled_from(["eagle", "griffin"]),
+    "seed": st.integers(0, 3),
+    "std": st.sampled_from([0.05, 0.3]),
+    "prompt": st.lists(st.integers(3, 258), min_size=1, max_size=10),
+    "top_k": st.integers(1, 4), "depth": st.integers(1, 5), "max_nodes": st.integers(1, 20),
+    "max_new_tokens": st.integers(1, 30), "eos_pick": st.one_of(st.none(), st.integers(0, 29)),
+    "reduced": st.booleans(),
+})
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                 HealthCheck.function_scoped_fixture])
+@given(case=cases)
+def test_feature_heads_equal_greedy(case, tmp_path_factory):
+    pair = tiny_pair()
+    free = Greedy(pair, "greedy").generate(case["prompt"], case["max_new_tokens"], set()).tokens
+    eos = {free[case["eos_pick"] % len(free)]} if case["eos_pick"] is not None else set()
+    ref = Greedy(pair, "greedy").generate(case["prompt"], case["max_new_tokens"], eos)
+    directory = tmp_path_factory.mktemp("head")
+    draft_ids = torch.arange(3, 200, 2) if case["reduced"] else None
+    random_head(pair, case["kind"], directory, seed=case["seed"], std=case["std"], draft_ids=draft_ids)
+    method = FeatureHeadMethod(pair, case["kind"], kind=case["kind"], head=str(directory), top_k=case["top_k"],
+                               depth=case["depth"], max_nodes=case["max_nodes"])
+    gen = method.generate(case["prompt"], case["max_new_tokens"], eos)
+    assert gen.tokens == ref.tokens
+    assert sum(gen.accept_lengths) == len(gen.tokens) and gen.accepted == sum(gen.accepted_steps)
+    assert gen.target_forwards == len(gen.accept_lengths)
+    assert all(n <= case["max_nodes"] for n in gen.extra["tree_nodes"])
+    assert gen.drafted == sum(gen.extra["tree_nodes"])
+
+
+def test_a_reduced_vocabulary_proposes_only_its_tokens(tmp_path):
+    pair = tiny_pair()
+    draft_ids = torch.arange(3, 200, 2)
+    tree = proposer(pair, tmp_path, top_k=4, depth=3, max_nodes=20, draft_ids=draft_ids)
+    lm = FeatureLM(pair.target)
+    lm.forward([5, 6, 7])
+    tree.features, tree.known = [lm.features_at(range(2))], 2
+    proposal = tree.propose(StepContext([5, 6, 7], 0, 30, set(), Sampler()))
+    assert proposal.tokens and set(proposal.tokens) <= set(draft_ids.tolist())
+
+
+def test_a_head_matching_the_target_is_accepted_deep(tmp_path):
+    """A head whose regress output is the target's next feature would be perfect; a random one is not. With
+    top_k equal to the vocabulary, the tree holds the target's token at depth 1 on every step (τ >= 2)."""
+    pair = tiny_pair()
+    random_head(pair, "eagle", tmp_path)
+    method = FeatureHeadMethod(pair, "eagle", head=str(tmp_path), top_k=pair.vocab_size, depth=1,
+                               max_nodes=pair.vocab_size)
+    gen = method.generate([5, 6, 7, 8], 20, set())
+    assert gen.accept_lengths[0] == 1 and all(n == 2 for n in gen.accept_lengths[1:-1])
+
+
+@pytest.mark.parametrize("kind, temperature, top_p", [("eagle", 1.0, 1.0), ("griffin", 0.9, 0.95)])
+def test_sampled_generations_are_distributed_as_the_targets(tmp_path, kind, temperature, top_p):
+    pair = small_vocab_pair()
+    random_head(pair, kind, tmp_path, std=0.3)
+    method = FeatureHeadMethod(pair, kind, kind=kind, head=str(tmp_path), top_k=2, depth=2, max_nodes=4,
+                               temperature=temperature, top_p=top_p)
+    prompt = [1, 2, 4]
+    counts, gens = sample_generations(method, prompt, MAX_NEW, {EOS}, 2000)
+    assert sum(g.drafted for g in gens) > 1000 and sum(g.accepted for g in gens) > 100
+    target = exact_sequence_distribution(pair.target, temperature, top_p, prompt, MAX_NEW, {EOS})
+    assert goodness_of_fit(counts, target) > 1e-3
+
+
+# -- artifacts and bad input ------------------------------------------------------------------------------------------
+
+def test_artifacts_round_trip_and_record_their_hash(tmp_path):
+    pair = tiny_pair()
+    random_head(pair, "griffin", tmp_path, draft_ids=torch.arange(10, 60))
+    artifact = load_head(str(tmp_path), "griffin")
+    assert artifact.draft_ids.tolist() == list(range(10, 60)) and len(artifact.sha256) == 64
+    method = FeatureHeadMethod(pair, "griffin", kind="griffin", head=str(tmp_path))
+    assert method.identity == {"kind": "griffin", "source": str(tmp_path), "sha256": artifact.sha256}
+
+
+def test_a_missing_head_fails_before_the_pair_is_read(tmp_path):
+    class Unloaded:  # reading the target would raise: the check must come first
+        name, draft = "tiny", None
+
+        def __getattr__(self, attr):
+            raise AssertionError(f"read {attr}")
+    with pytest.raises(ConfigError, match=r"^method\.head: no trained head at .*nowhere.*python -m specbench\.heads"):
+        FeatureHeadMethod(Unloaded(), "griffin", kind="griffin", head=str(tmp_path / "nowhere"))
+    with pytest.raises(ConfigError, match=r"^method\.head: needs the griffin head"):
+        FeatureHeadMethod(Unloaded(), "griffin", kind="griffin", head=None)
+
+
+def test_a_head_for_another_target_or_kind_is_refused(tmp_path):
+    other = build_tiny_pair(name="wide", hidden_size=96)
+    random_head(other, "eagle", tmp_path)
+    with pytest.raises(ConfigError, match=r"^method\.head: .* was made for another target \(hidden_size 96 but the "
+                                          r"target's is 64\)"):
+        FeatureHeadMethod(tiny_pair(), "eagle", head=str(tmp_path))
+    random_head(tiny_pair(), "eagle", tmp_path / "e")
+    with pytest.raises(ConfigError, match=r"is a eagle head; method griffin needs a griffin head"):
+        FeatureHeadMethod(tiny_pair(), "griffin", kind="griffin", head=str(tmp_path / "e"))
+
+
+def test_edited_weights_are_refused(tmp_path):
+    random_head(tiny_pair(), "eagle", tmp_path)
+    meta = json.loads((tmp_path / "head.json").read_text())
+    meta["sha256"] = "0" * 64
+    (tmp_path / "head.json").write_text(json.dumps(meta))
+    with pytest.raises(ConfigError, match=r"does not match the sha256 in .*head\.json"):
+        load_head(str(tmp_path), "eagle")
+
+
+def test_a_published_head_id_offline_names_the_switch(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
+    with pytest.raises(ConfigError, match=r"yuhuili/EAGLE-LLaMA3-Instruct-8B is not in the local Hugging Face cache.*"
+                                          r"method\.local_files_only=false"):
+        load_head("yuhuili/EAGLE-LLaMA3-Instruct-8B", "eagle")

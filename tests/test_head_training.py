@@ -1,0 +1,190 @@
+"""Training draft heads: extraction (features of the target's own answers, resumable), the losses and TAT passes,
+stages that resume and refuse to start without their predecessor, and the pipeline end to end on a tiny pair
+(``python -m specbench.heads`` in-process, then ``method=griffin`` decoding with what it trained)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+
+from specbench import app
+from specbench.decoding.cached_lm import FeatureLM
+from specbench.errors import ConfigError
+from specbench.heads.extract import extract, generate_with_features, load_sequences
+from specbench.heads.model import DraftHead, HeadConfig, TargetParts
+from specbench.heads.pipeline import HeadPipeline
+from specbench.heads.train import (Stage, StageRun, TrainSettings, batches, draft_vocabulary, pass_losses,
+                                   target_to_draft)
+from specbench.models.tiny import build_tiny_pair
+
+from .conftest import ROOT
+
+PAIR = build_tiny_pair(name="tiny-llama")
+
+
+def sharegpt_file(path, n: int):
+    convs = [{"id": f"c{i}", "conversations": [
+        {"from": "human", "value": f"Tell me about item number {i} and why it matters so much today."},
+        {"from": "gpt", "value": "..."}]} for i in range(n)]
+    path.write_text(json.dumps(convs)[:-25])  # cut short, like the package's file
+    return path
+
+
+def tiny_data(tmp_path, n=12, max_new=24):
+    prompts = [(f"p{i}", f"prompt {i}: say something about {i * 7}") for i in range(n)]
+    extract(PAIR, prompts, tmp_path, max_new, 5, 200, {"test": 1}, log=lambda m: None)
+    return load_sequences(tmp_path)
+
+
+def test_generated_features_equal_a_forward_over_the_sequence():
+    prompts = [PAIR.encode("a much longer prompt than the other one"), PAIR.encode("short")]
+    rows = generate_with_features(PAIR.target, prompts, 12, set(), pad_id=0)
+    for prompt, row in zip(prompts, rows):
+        assert row["ids"][:row["start"]].tolist() == prompt and len(row["ids"]) == len(prompt) + 11
+        lm = FeatureLM(PAIR.target)
+        lm.forward(row["ids"].tolist())
+        assert torch.allclose(row["hidden"], lm.features_at(range(len(row["ids"]))), atol=1e-4)
+    from specbench.methods.greedy import Greedy
+    assert rows[1]["ids"][rows[1]["start"]:].tolist() == Greedy(PAIR, "g").generate(prompts[1], 11, set()).tokens
+
+
+def test_extraction_resumes_and_refuses_other_settings(tmp_path):
+    logs = []
+    prompts = [(f"p{i}", f"prompt {i}") for i in range(7)]
+    extract(PAIR, prompts[:4], tmp_path, 8, 3, 200, {"v": 1}, log=logs.append)
+    extract(PAIR, prompts, tmp_path, 8, 3, 200, {"v": 1}, log=logs.append)
+    assert any("4 prompt(s) kept, 3 to run" in m for m in logs)
+    assert sorted(row["id"] for row in load_sequences(tmp_path)) == sorted(p for p, _ in prompts)
+    with pytest.raises(ConfigError, match=r"^heads\.data: .* holds data made with other settings \(v\)"):
+        extract(PAIR, prompts, tmp_path, 8, 3, 200, {"v": 2}, log=logs.append)
+    with pytest.raises(ConfigError, match=r"run the extract stage first"):
+        load_sequences(tmp_path / "empty")
+
+
+def test_the_draft_vocabulary_keeps_the_most_frequent_answer_tokens_and_eos():
+    seqs = [{"ids": torch.tensor([9, 9, 5, 5, 5, 7, 2]), "start": 2}]
+    ids = draft_vocabulary(seqs, 3, 20, always={19})
+    assert ids.tolist() == [5, 7, 19] or ids.tolist() == [2, 5, 19]  # 5 (x3), EOS 19, then a count-1 token
+    t2d = target_to_draft(ids, 20)
+    assert t2d[ids].tolist() == [0, 1, 2] and int((t2d >= 0).sum()) == 3
+
+
+def settings(**overrides) -> TrainSettings:
+    base = dict(stages=[Stage(1, 1, 3e-3)], batch_tokens=200, max_length=64, warmup_steps=2, seed=0)
+    base.update(overrides)
+    return TrainSettings(**base)
+
+
+def total_loss(head, parts, plan, s) -> float:
+    with torch.no_grad():
+        return sum(float(pass_losses(head, parts, b, 1, s, None, train=False)[0]) for b in plan)
+
+
+def test_training_lowers_the_loss_and_raises_top1(tmp_path):
+    sequences = tiny_data(tmp_path / "data")
+    config = HeadConfig.for_target(PAIR.target.config, "griffin")
+    head = DraftHead(config).init_weights(seed=0)
+    parts = TargetParts.of(PAIR.target, None)
+    t2d = target_to_draft(None, config.vocab_size)
+    s = settings(stages=[Stage(1, 12, 3e-3)], noise=0.0)
+    plan = batches(sequences, s, t2d, seed=0)
+    before = total_loss(head, parts, plan, s)
+    run = StageRun(head, parts, s, s.stages[0], 1, tmp_path / "stage-1", log=lambda m: None)
+    history = run.run(sequences, t2d)
+    assert total_loss(head, parts, plan, s) < 0.8 * before
+    assert history[-1]["top1"][0] > history[0]["top1"][0]
+
+
+def test_later_passes_are_masked_by_alignment_of_the_drafts_before_them(tmp_path):
+    sequences = tiny_data(tmp_path / "data")
+    config = HeadConfig.for_target(PAIR.target.config, "griffin")
+    head = DraftHead(config).init_weights(seed=0)
+    parts, t2d = TargetParts.of(PAIR.target, None), target_to_draft(None, config.vocab_size)
+    batch = batches(sequences, settings(), t2d, seed=0)[0]
+    _, open_stats = pass_losses(head, parts, batch, 3, settings(align_top_k=0), None, train=False)
+    _, strict = pass_losses(head, parts, batch, 3, settings(align_top_k=1), None, train=False)
+    _, loose = pass_losses(head, parts, batch, 3, settings(align_top_k=config.vocab_size), None, train=False)
+    counted = [s["positions"] for s in open_stats]
+    assert counted[0] == batch.mask.sum() and counted == [s["positions"] for s in loose] == [counted[0]] * 3
+    # top-1: pass 2 keeps position t only where pass 1's top-1 at t - 1 (the token pass 2 reads at t) was right
+    with torch.no_grad():
+        positions = torch.arange(batch.tokens_in.shape[1])[None].expand_as(batch.tokens_in)
+        predict, _ = head(parts.embed(batch.tokens_in), batch.feats_in, positions)
+        hit = (parts.logits(predict).argmax(-1) == batch.next_draft).float()
+    assert strict[0]["positions"] == counted[0]
+    assert strict[1]["positions"] == float((batch.mask[:, 1:] * hit[:, :-1]).sum()) < counted[0]
+    assert strict[2]["positions"] <= strict[1]["positions"]
+
+
+def test_a_killed_stage_resumes_to_the_same_head(tmp_path):
+    sequences = tiny_data(tmp_path / "data")
+    config = HeadConfig.for_target(PAIR.target.config, "eagle")
+    parts, t2d = TargetParts.of(PAIR.target, None), target_to_draft(None, config.vocab_size)
+    s = settings(stages=[Stage(2, 3, 1e-3)], checkpoint_seconds=0.0)
+
+    whole = DraftHead(config).init_weights(seed=0)
+    StageRun(whole, parts, s, s.stages[0], 1, tmp_path / "a", log=lambda m: None).run(sequences, t2d)
+
+    class Killed(Exception):
+        pass
+
+    def kill_at_step(message):
+        if "step 10/" in message:
+            raise Killed
+
+    first = DraftHead(config).init_weights(seed=0)
+    with pytest.raises(Killed):
+        StageRun(first, parts, s, s.stages[0], 1, tmp_path / "b", log=kill_at_step).run(sequences, t2d)
+    assert (tmp_path / "b" / "partial.pt").exists()
+    resumed = DraftHead(config).init_weights(seed=5)  # its own weights are replaced by the checkpoint's
+    logs = []
+    StageRun(resumed, parts, s, s.stages[0], 1, tmp_path / "b", log=logs.append).run(sequences, t2d)
+    assert any("resuming at step" in m for m in logs)
+    for (name, a), (_, b) in zip(whole.state_dict().items(), resumed.state_dict().items()):
+        assert torch.allclose(a, b, atol=1e-6), name
+
+
+def heads_cfg(tmp_path, *overrides):
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        return compose(config_name="heads", overrides=[
+            "model=tiny_llama", f"data.path={sharegpt_file(tmp_path / 'sg.json', 14)}", "data.prompts=10",
+            "data.max_new_tokens=20", "data.batch_size=4", "data.exclude=[]", "head.draft_vocab_size=120",
+            "head.train.batch_tokens=256", "head.train.max_length=64", f"paths.root={tmp_path / 'runs'}",
+            "head.train.stages=[{passes:1,epochs:2,lr:3e-3},{passes:2,epochs:1,lr:1e-3},{passes:3,epochs:1,lr:1e-3}]",
+            *overrides])
+
+
+def test_a_stage_without_its_predecessor_is_refused(tmp_path):
+    cfg = heads_cfg(tmp_path, "stage=train", "train_stage=2")
+    pipeline = HeadPipeline(cfg)
+    pipeline.run("extract")
+    with pytest.raises(ConfigError, match=r"^heads\.stage: stage 2 resumes from stage 1, but .*stage-1/head\.json "
+                                          r"does not exist; run stage 1 first"):
+        pipeline.run("train")
+    with pytest.raises(ConfigError, match=r"^head\.train\.stages\[0\]: must have exactly passes, epochs and lr"):
+        HeadPipeline(heads_cfg(tmp_path, "head.train.stages=[{passes:1}]"))
+
+
+def test_pipeline_end_to_end_then_griffin_decodes_with_the_trained_head(tmp_path):
+    cfg = heads_cfg(tmp_path)
+    HeadPipeline(cfg).run("all")
+    head_dir = tmp_path / "runs" / "heads" / "tiny-llama" / "griffin"
+    meta = json.loads((head_dir / "head.json").read_text())
+    assert meta["provenance"]["stage"] == 3 and meta["config"]["draft_vocab_size"] == 120
+    evaluation = json.loads((head_dir / "evaluation.json").read_text())
+    assert len(evaluation["depths"]) == 5 and 0 < evaluation["draft_vocab_coverage"] <= 1
+    history = json.loads((head_dir / "history.json").read_text())
+    assert sorted(history) == ["1", "2", "3"] and len(history["3"][0]["top1"]) == 3
+    HeadPipeline(cfg).run("train")  # finished stages are kept, not retrained
+    assert json.loads((head_dir / "head.json").read_text())["sha256"] == meta["sha256"]
+
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        run_cfg = compose(config_name="config", overrides=[
+            "model=tiny_llama", "method=griffin", f"paths.root={tmp_path / 'runs'}", "data=gsm8k", "data.limit=2",
+            "data.max_new_tokens=12", "runner.warmup=0", "runner.progress=false"])
+    summary = app.run(run_cfg)
+    assert summary["identical"] == summary["compared"] == 2
+    record = json.loads(next((tmp_path / "runs" / "records").rglob("*griffin*.jsonl")).read_text().splitlines()[0])
+    assert record["config"]["method"]["head_sha256"] == meta["sha256"]
