@@ -8,7 +8,7 @@ VLLM_STAMP := $(VENV)/.vllm
 ARGS ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help install install-vllm embedded run test test-fast bench disco report clean
+.PHONY: help install install-vllm embedded run test test-fast bench disco heads report clean
 
 help: ## Show this help
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  make %-10s %s\n", $$1, $$2}'
@@ -56,6 +56,10 @@ bench: $(EMBEDDED_STAMP) ## Paired benchmark of greedy / speculative / hf_assist
 
 disco: $(EMBEDDED_STAMP) ## DISCO end to end on the embedded pair: extract, train, tune, test -> runs/disco/embedded/gsm8k_small (ARGS=disco=... for another experiment)
 	$(BIN)/python -m specbench.disco disco=gsm8k_small $(ARGS)
+
+heads: $(EMBEDDED_STAMP) ## Train the GRIFFIN and EAGLE draft heads on the embedded target: extract, train, evaluate -> runs/heads/ (ARGS=... overrides)
+	$(BIN)/python -m specbench.heads head=griffin $(ARGS)
+	$(BIN)/python -m specbench.heads head=eagle $(ARGS)
 
 report: $(STAMP) ## Render a paper table + figures from runs/ (ARGS="experiment=ouroboros_table2 model=embedded data=gsm8k ...", conf/report.yaml)
 	$(BIN)/python -m specbench.report $(ARGS)

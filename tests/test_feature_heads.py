@@ -248,7 +248,31 @@ def test_edited_weights_are_refused(tmp_path):
 
 
 def test_a_published_head_id_offline_names_the_switch(tmp_path, monkeypatch):
-    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(tmp_path))
     with pytest.raises(ConfigError, match=r"yuhuili/EAGLE-LLaMA3-Instruct-8B is not in the local Hugging Face cache.*"
                                           r"method\.local_files_only=false"):
         load_head("yuhuili/EAGLE-LLaMA3-Instruct-8B", "eagle")
+
+
+def test_a_published_eagle_checkpoint_loads_from_the_hub_cache_and_drafts(tmp_path, monkeypatch):
+    """EAGLE's released layout (config.json of the target's architecture, pytorch_model.bin with fc.* and
+    layers.0.*, a copy of embed_tokens that is not used), found offline in the Hugging Face cache by its id."""
+    pair = tiny_pair()
+    config = HeadConfig.for_target(pair.target.config, "eagle")
+    head = DraftHead(config).init_weights(seed=4, std=0.1)
+    state = {("fc." + k[len("fusion.fc."):]) if k.startswith("fusion.fc.") else "layers.0." + k: v
+             for k, v in head.state_dict().items()}
+    state["embed_tokens.weight"] = torch.zeros(3, 3)
+    snapshot = tmp_path / "models--someone--EAGLE-tiny" / "snapshots" / ("a" * 40)
+    snapshot.mkdir(parents=True)
+    pair.target.config.to_json_file(snapshot / "config.json")
+    torch.save(state, snapshot / "pytorch_model.bin")
+    (tmp_path / "models--someone--EAGLE-tiny" / "refs").mkdir()
+    (tmp_path / "models--someone--EAGLE-tiny" / "refs" / "main").write_text("a" * 40)
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(tmp_path))
+    method = FeatureHeadMethod(pair, "eagle", head="someone/EAGLE-tiny", top_k=3, depth=3, max_nodes=8)
+    assert method.identity["source"] == "someone/EAGLE-tiny"
+    for name, value in head.state_dict().items():
+        assert torch.equal(method.head.state_dict()[name], value)
+    prompt = [5, 9, 14, 200, 31]
+    assert method.generate(prompt, 16, set()).tokens == Greedy(pair, "g").generate(prompt, 16, set()).tokens

@@ -272,36 +272,51 @@ class DraftHead(nn.Module):
 class TargetParts:
     """The target's frozen pieces a head uses: its input embeddings and the lm_head rows of the draft
     vocabulary. ``draft_ids`` (V_d,) maps a draft-vocabulary index to the target's token id (EAGLE-3's d2t);
-    None: the full vocabulary."""
+    None: the full vocabulary. ``lm_head`` is an nn.Linear (V_d rows), prepacked like the target's own linears
+    when it runs on oneDNN's packed kernel (``linear_kernel``)."""
 
-    def __init__(self, embed_weight: torch.Tensor, lm_head_weight: torch.Tensor, draft_ids: torch.Tensor | None):
+    def __init__(self, embed_weight: torch.Tensor, lm_head_weight: torch.Tensor, draft_ids: torch.Tensor | None,
+                 linear_kernel: str = "torch"):
+        from ..models.cpu_linear import apply_linear_kernel
+
         self.embed_weight = embed_weight
         self.draft_ids = draft_ids
-        self.lm_head_weight = lm_head_weight if draft_ids is None else lm_head_weight[draft_ids]
+        rows = lm_head_weight if draft_ids is None else lm_head_weight[draft_ids.to(lm_head_weight.device)]
+        self.lm_head_weight = rows
+        head = nn.Linear(rows.shape[1], rows.shape[0], bias=False, device=rows.device, dtype=rows.dtype)
+        head.weight = nn.Parameter(rows, requires_grad=False)
+        holder = nn.Sequential(head)
+        apply_linear_kernel(holder, linear_kernel)
+        self.lm_head = holder[0]
 
     @classmethod
-    def of(cls, target: nn.Module, draft_ids: torch.Tensor | None, dtype: torch.dtype | None = None):
+    def of(cls, target: nn.Module, draft_ids: torch.Tensor | None, dtype: torch.dtype | None = None,
+           linear_kernel: str = "torch"):
         embed = target.get_input_embeddings().weight.detach()
-        head = target.get_output_embeddings().weight.detach()
+        head = linear_weight(target.get_output_embeddings())
         if dtype is not None:
             embed, head = embed.to(dtype), head.to(dtype)
-        return cls(embed, head, draft_ids)
+        return cls(embed, head, draft_ids, linear_kernel)
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         return F.embedding(ids, self.embed_weight)
 
     def logits(self, predict: torch.Tensor) -> torch.Tensor:
         """(…, H) -> (…, V_d) draft-vocabulary logits."""
-        return predict @ self.lm_head_weight.T.to(predict.dtype)
+        return self.lm_head(predict.to(self.lm_head_weight.dtype))
 
     def target_ids(self, draft_index: torch.Tensor) -> torch.Tensor:
         return draft_index if self.draft_ids is None else self.draft_ids[draft_index]
 
-    def in_draft_vocab(self, vocab_size: int) -> torch.Tensor:
-        """(V,) bool: which target ids the head can propose."""
-        keep = torch.zeros(vocab_size, dtype=torch.bool)
-        keep[torch.arange(vocab_size) if self.draft_ids is None else self.draft_ids] = True
-        return keep
+
+def linear_weight(module: nn.Module) -> torch.Tensor:
+    """A linear layer's (out, in) weight, also from a oneDNN-prepacked one (models/cpu_linear.PackedLinear, which
+    keeps no plain copy): read back as module(I)ᵀ, exact, since each output is one weight times 1."""
+    if getattr(module, "weight", None) is not None:
+        return module.weight.detach()
+    eye = torch.eye(module.in_features, dtype=module.dtype)
+    with torch.no_grad():
+        return module(eye).T.contiguous()
 
 
 def parameter_count(module: nn.Module) -> int:

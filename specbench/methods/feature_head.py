@@ -17,6 +17,7 @@ from ..errors import require
 from ..heads.artifact import CONFIG_FILE, load_head, looks_like_hub_id, missing
 from ..heads.dynamic_tree import HeadTree
 from ..heads.model import HeadConfig, TargetParts
+from ..models.cpu_linear import apply_linear_kernel
 from .base import NoTimeline, ProposerMethod, positive_int
 
 
@@ -43,10 +44,10 @@ class FeatureHeadMethod(ProposerMethod):
         self.artifact = load_head(head, kind, local_files_only)
         HeadConfig.for_target(target.config, kind)  # a target no head can draft for (GPT-2) is named first
         self.artifact.check_target(target.config)
-        dtype = next(target.parameters()).dtype
-        self.head = self.artifact.build(dtype=dtype, device=pair.device)
-        self.parts = TargetParts.of(target, self.artifact.draft_ids, dtype)
-        self.parts.draft_ids = None if self.parts.draft_ids is None else self.parts.draft_ids.to(pair.device)
+        dtype, kernel = next(target.parameters()).dtype, pair.precision.linear_kernel
+        self.head = apply_linear_kernel(self.artifact.build(dtype=dtype, device=pair.device), kernel)
+        draft_ids = None if self.artifact.draft_ids is None else self.artifact.draft_ids.to(pair.device)
+        self.parts = TargetParts.of(target, draft_ids, dtype, kernel)
 
     @property
     def identity(self) -> dict:
