@@ -147,8 +147,12 @@ def test_every_shipped_option_passes_the_checks(group, tmp_path):
         if name == "disco":  # needs a trained classifier: refused by name (above)
             continue
         extra = [] if group == "model" else ["model=tiny_llama"]
-        cfg = composed(f"{group}={name}", *extra, f"runner.records_dir={tmp_path}")
+        cfg = composed(f"{group}={name}", *extra, f"runner.records_dir={tmp_path}", f"paths.heads={tmp_path}")
         check_settings(cfg)
+        if group == "method" and cfg.method._target_ == "specbench.methods.feature_head.FeatureHeadMethod":
+            with pytest.raises(ConfigError, match=r"^method\.head: no trained head at .*python -m specbench\.heads"):
+                check_components(cfg)  # needs a trained head: refused before any model loads
+            continue
         if group == "method" and cfg.method._target_ == "specbench.methods.engine_only.EngineMethod":
             with pytest.raises(ConfigError, match=f"method={name}: runs only with engine=vllm"):
                 check_components(cfg)

@@ -219,6 +219,24 @@ def test_ablation_rows_and_search_and_slurm_configs_compose():
     assert slurm.hydra.launcher._target_.endswith("SlurmLauncher") and slurm.hydra.launcher.gpus_per_node == 1
 
 
+def test_griffin_ablation_rows_each_name_their_own_head():
+    """GRIFFIN Tables 2, 3, 5: every swept method decodes the head conf/head/<its name>.yaml trains, of its kind."""
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        heads = {name: OmegaConf.to_container(compose(config_name="heads", overrides=[f"head={name}"]).head)
+                 for name in options("head")}
+    for table in ("griffin_table2", "griffin_table3", "griffin_table5"):
+        for method in composed_with_hydra(f"+experiment={table}").hydra.sweeper.params.method.split(","):
+            cfg = composed(f"+experiment={table}", f"method={method}")
+            node = cfg.method
+            assert node.head.endswith(f"/{cfg.model.name}/{method}") and node.name == method
+            assert heads[method]["name"] == method and heads[method]["kind"] == node.kind, method
+    passes = {name: [s["passes"] for s in h["train"]["stages"]] for name, h in heads.items()}
+    assert passes["griffin_wo_tat"] == passes["eagle"] == [1, 1, 1] and passes["griffin_wo_tad"] == [1, 2, 3]
+    assert heads["griffin_wo_tad"]["kind"] == "eagle" and heads["griffin_wo_tad"]["train"]["topk_loss_weight"] == 0.5
+    assert [heads[f"griffin_top{k}"]["train"]["align_top_k"] for k in ("1", "5", "10", "_na")] == [1, 5, 10, 0]
+    assert [heads[f"griffin_tgf_{s}"]["tgf_second"] for s in ("feature", "fused")] == ["feature", "fused"]
+
+
 def test_pipeline_experiment_is_not_a_single_run(tmp_path):
     proc = run_cli("+experiment=disco_table1", records_dir=tmp_path / "records", check=False)
     assert proc.returncode == 2 and "python -m specbench.disco" in proc.stderr

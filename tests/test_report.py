@@ -97,6 +97,30 @@ def test_every_experiment_renders_before_anything_ran(tmp_path, name):
         assert "(paper)" in md and "paper columns: Source:" in md
 
 
+@pytest.mark.parametrize("name, paper", [
+    ("griffin_table2", {"GRIFFIN": "5.11", "w/o both (EAGLE-2)": "4.44", "w/o TAT": "4.85", "w/o TAD": "4.94"}),
+    ("griffin_table3", {"1": "5.03", "3 (GRIFFIN)": "5.11", "5": "5.09", "10": "5.05", "NA": "4.95"}),
+    ("griffin_table5", {"token (GRIFFIN)": "5.11", "feature": "4.44", "fused": "4.85"}),
+])
+def test_griffin_ablation_rows_sit_beside_the_papers(tmp_path, name, paper):
+    """Rows are keyed by method only: the paper's LLaMA2-Chat 7B τ lands in the row of our head of that name."""
+    table = render_experiment(name, [f"runner.records_dir={tmp_path}"], out=tmp_path)["table"]
+    rows = {r[0]: r[1:] for r in table.rows}
+    assert table.header[:3] == [table.header[0], "T=0, MT-bench (ours) τ", "T=0, MT-bench (paper) τ"]
+    assert {k: v[:2] for k, v in rows.items()} == {k: ["not run yet", tau] for k, tau in paper.items()}
+    assert len(table.header) == 1 + 2 * 6  # T x task, ours and the paper's in each
+
+
+def test_griffin_table1_maps_the_papers_eagle_rows(tmp_path):
+    table = render_experiment("griffin_table1", [f"runner.records_dir={tmp_path}"], out=tmp_path)["table"]
+    rows = {tuple(r[:2]): r[2:] for r in table.rows}
+    assert rows[("vicuna-7b-68m", "EAGLE-2")][:2] == ["not run yet", ""]       # our eagle: EAGLE-2's tree
+    assert rows[("vicuna-7b-68m", "EAGLE")][0] == "not implemented"            # EAGLE-1: the paper's only
+    assert any("3.56×" in c for c in rows[("vicuna-7b-68m", "EAGLE-2")])   # the paper's EAGLE-2 SR, T=0 MT-bench
+    assert any("2.90×" in c for c in rows[("vicuna-7b-68m", "EAGLE")])
+    assert rows[("vicuna-7b-68m", "GRIFFIN")][0] == "not run yet"
+
+
 # --- a tiny-model sweep -------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")

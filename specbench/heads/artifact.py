@@ -79,8 +79,8 @@ class HeadArtifact:
 
 def missing(directory: Path, key: str) -> ConfigError:
     return ConfigError(f"{key}: no trained head at {directory} (expected {CONFIG_FILE} and {WEIGHTS_FILE}); train one "
-                       "with `python -m specbench.heads head=<eagle|griffin>` (make heads), or name a published "
-                       "head's Hugging Face id")
+                       "with `python -m specbench.heads head=<conf/head name>` (make heads trains eagle and griffin), "
+                       "or name a published head's Hugging Face id")
 
 
 def load_local(directory: Path, key: str = "method.head") -> HeadArtifact:
