@@ -276,3 +276,30 @@ def test_a_published_eagle_checkpoint_loads_from_the_hub_cache_and_drafts(tmp_pa
         assert torch.equal(method.head.state_dict()[name], value)
     prompt = [5, 9, 14, 200, 31]
     assert method.generate(prompt, 16, set()).tokens == Greedy(pair, "g").generate(prompt, 16, set()).tokens
+
+
+def test_a_released_griffin_checkpoint_maps_onto_our_griffin_head(tmp_path, monkeypatch):
+    """GRIFFIN's released layout (its Model's fc is the whole TGF; up_proj as wide as its intermediate size)."""
+    pair = tiny_pair()
+    config = HeadConfig.for_target(pair.target.config, "griffin", tgf_width=100)
+    head = DraftHead(config).init_weights(seed=2, std=0.1)
+    ours_to_theirs = {"fusion.fc.": "fc.fc.", "fusion.fused_norm.": "fc.post_attention_layernorm.",
+                      "fusion.shared_norm.": "fc.mlp.input_layernorm.", "fusion.up_proj.": "fc.mlp.up_proj.",
+                      "fusion.down_proj.": "fc.mlp.down_proj."}
+    state = {}
+    for name, value in head.state_dict().items():
+        prefix = next((p for p in ours_to_theirs if name.startswith(p)), None)
+        state[ours_to_theirs[prefix] + name[len(prefix):] if prefix else "layers.0." + name] = value
+    snapshot = tmp_path / "models--husj576--GRIFFIN-tiny" / "snapshots" / ("b" * 40)
+    snapshot.mkdir(parents=True)
+    pair.target.config.to_json_file(snapshot / "config.json")
+    torch.save(state, snapshot / "pytorch_model.bin")
+    (tmp_path / "models--husj576--GRIFFIN-tiny" / "refs").mkdir()
+    (tmp_path / "models--husj576--GRIFFIN-tiny" / "refs" / "main").write_text("b" * 40)
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(tmp_path))
+    method = FeatureHeadMethod(pair, "griffin", kind="griffin", head="husj576/GRIFFIN-tiny", top_k=3, depth=3)
+    assert method.head.cfg.tgf_width == 100
+    for name, value in head.state_dict().items():
+        assert torch.equal(method.head.state_dict()[name], value)
+    prompt = [5, 9, 14, 200, 31]
+    assert method.generate(prompt, 16, set()).tokens == Greedy(pair, "g").generate(prompt, 16, set()).tokens

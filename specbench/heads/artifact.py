@@ -140,9 +140,13 @@ def load_published(repo_id: str, kind: str, local_files_only: bool, key: str) ->
         raise ConfigError(f"{key}: {repo_id} is not in the local Hugging Face cache and hub access is off; set "
                           "method.local_files_only=false on a machine with hub access (or HF_HUB_OFFLINE unset), "
                           "or pass a local directory") from None
-    config = AutoConfig.from_pretrained(directory)
+    config = AutoConfig.from_pretrained(directory)  # the head's own (its attention may differ from the target's)
     state = read_state(directory)
-    head_config = HeadConfig.for_target(config, kind, fc_bias="fc.bias" in state)
+    fc = "fc.fc" if kind == "griffin" else "fc"
+    options = {"fc_bias": f"{fc}.bias" in state}
+    if kind == "griffin" and "fc.mlp.up_proj.weight" in state:
+        options["tgf_width"] = state["fc.mlp.up_proj.weight"].shape[0]  # the released code: intermediate_size
+    head_config = HeadConfig.for_target(config, kind, **options)
     return HeadArtifact(head_config, published_state(state, kind), None, weights_digest(directory), repo_id,
                         {"published": repo_id})
 
@@ -171,19 +175,25 @@ def weights_digest(directory: Path) -> str:
     return digest.hexdigest()
 
 
-# EAGLE's names -> ours (its single decoder layer is ``layers.0``; embed_tokens / lm_head copies are dropped:
-# the target's own are used)
-PUBLISHED_PREFIXES = {"fc.": "fusion.fc.", "layers.0.": ""}
+# Released checkpoints' names -> ours. EAGLE: its single decoder layer is ``layers.0``, the fusion ``fc``.
+# GRIFFIN (its Model's ``fc`` is the whole TGF: fc.fc, fc.post_attention_layernorm = norm(u), fc.mlp.input_layernorm
+# = the shared N, fc.mlp.up/down_proj). Copies of embed_tokens / lm_head are dropped: the target's own are used.
+PUBLISHED_NAMES = {
+    "eagle": {"fc.": "fusion.fc.", "layers.0.": ""},
+    "griffin": {"fc.fc.": "fusion.fc.", "fc.post_attention_layernorm.": "fusion.fused_norm.",
+                "fc.mlp.input_layernorm.": "fusion.shared_norm.", "fc.mlp.up_proj.": "fusion.up_proj.",
+                "fc.mlp.down_proj.": "fusion.down_proj.", "layers.0.": ""},
+}
 
 
 def published_state(state: dict, kind: str) -> dict:
     out = {}
     for name, tensor in state.items():
-        for old, new in PUBLISHED_PREFIXES.items():
+        for old, new in PUBLISHED_NAMES[kind].items():
             if name.startswith(old):
                 out[new + name[len(old):]] = tensor
                 break
     if "fusion.fc.weight" not in out:
-        raise ConfigError("method.head: the checkpoint has no fc.weight; it is not an EAGLE-format head "
-                          f"(keys: {sorted(state)[:8]} ...)")
+        raise ConfigError(f"method.head: the checkpoint has no {'fc.fc' if kind == 'griffin' else 'fc'}.weight; it is "
+                          f"not a released {kind} head (keys: {sorted(state)[:8]} ...)")
     return out

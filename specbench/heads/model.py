@@ -13,7 +13,7 @@ logits lm_head(F̂_{t+1}) rank x_{t+2}. The target's embeddings and lm_head are 
   residual a, predict = a + mlp[:H], regress = a + mlp[H:].
 
 Shapes: features, embeddings (b, n, H); the attention has the target's head layout (heads, kv heads, head dim,
-RoPE θ), so a head made for a target fits only that target (``HeadConfig.check_target``).
+RoPE θ) by default; a head fits a target of the same hidden size and vocabulary (``HeadConfig.mismatch``).
 """
 from __future__ import annotations
 
@@ -84,7 +84,7 @@ class HeadConfig:
     def mismatch(self, model_config) -> str | None:
         """Why this head cannot draft for a target with ``model_config`` (None: it fits)."""
         want = HeadConfig.for_target(model_config, self.kind)
-        for key in ("hidden_size", "vocab_size", "num_heads", "num_kv_heads", "head_dim"):
+        for key in ("hidden_size", "vocab_size"):  # the head's attention is its own (its own cache)
             if getattr(self, key) != getattr(want, key):
                 return f"{key} {getattr(self, key)} but the target's is {getattr(want, key)}"
         return None

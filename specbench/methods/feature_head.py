@@ -4,7 +4,7 @@ drafting EAGLE-2 dynamic trees (heads/dynamic_tree.py) that the target verifies 
 The target runs as a FeatureLM (its forwards also keep its last hidden states, the features the head reads).
 No draft model: ``model`` may be a pair without one. The head comes from ``method.head``: a directory
 written by ``python -m specbench.heads`` (our EAGLE / GRIFFIN heads) or a published EAGLE-format head's
-Hugging Face id; a head made for another target (hidden size, vocabulary, attention layout) is refused when
+Hugging Face id; a head made for another target (hidden size or vocabulary) is refused when
 the pair loads, a missing one before.
 """
 from __future__ import annotations
