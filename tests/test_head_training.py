@@ -66,7 +66,8 @@ def test_extraction_resumes_and_refuses_other_settings(tmp_path):
 def test_the_draft_vocabulary_keeps_the_most_frequent_answer_tokens_and_eos():
     seqs = [{"ids": torch.tensor([9, 9, 5, 5, 5, 7, 2]), "start": 2}]
     ids = draft_vocabulary(seqs, 3, 20, always={19})
-    assert ids.tolist() == [5, 7, 19] or ids.tolist() == [2, 5, 19]  # 5 (x3), EOS 19, then a count-1 token
+    assert ids.tolist() == [2, 5, 19]  # 5 (x3), EOS 19, then the lower id of the count-1 answer tokens 2 and 7
+    assert draft_vocabulary(seqs, 5, 20, always=set()).tolist() == [0, 2, 5, 7, 9]  # then prompt token 9, then id 0
     t2d = target_to_draft(ids, 20)
     assert t2d[ids].tolist() == [0, 1, 2] and int((t2d >= 0).sum()) == 3
 

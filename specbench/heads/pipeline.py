@@ -136,9 +136,9 @@ class HeadPipeline:
         kind = self.head_cfg["kind"]
         options = {k: v for k, v in self.head_cfg.items() if k in HEAD_OPTIONS and v is not None}
         config = HeadConfig.for_target(target.config, kind, **options)
-        draft_ids = draft_vocabulary(sequences, config.draft_vocab_size, config.vocab_size, pair.eos_ids)
-        t2d = target_to_draft(draft_ids, config.vocab_size)
         train_set, held_out = split(sequences, self.head_cfg.get("holdout", 0.05), self.settings.seed)
+        draft_ids = draft_vocabulary(train_set, config.draft_vocab_size, config.vocab_size, pair.eos_ids)
+        t2d = target_to_draft(draft_ids, config.vocab_size)
         parts = TargetParts.of(target, draft_ids, torch.float32)
         only = self.cfg.get("train_stage")
         indices = range(1, len(self.settings.stages) + 1) if only is None else [int(only)]
@@ -191,12 +191,12 @@ class HeadPipeline:
         parts = TargetParts.of(self.pair.target, artifact.draft_ids, torch.float32)
         t2d = target_to_draft(artifact.draft_ids, artifact.config.vocab_size)
         result = evaluate(artifact.build(torch.float32), parts, held_out, self.settings, t2d)
-        coverage = answer_coverage(sequences, artifact.draft_ids)
+        coverage = answer_coverage(held_out, artifact.draft_ids)  # unseen answers: training ones are all in it
         result.update({"head": str(self.head_dir), "sha256": artifact.sha256, "draft_vocab_coverage": coverage})
         write_json(self.head_dir / "evaluation.json", result)
         depths = ", ".join(f"{r['top1']:.2f}" for r in result["depths"])
         log(f"[heads] evaluation ({len(held_out)} held-out sequences): top-1 by depth {depths}; expected chain τ "
-            f"{result['expected_chain_tau']:.2f}; draft vocabulary covers {coverage:.1%} of answer tokens")
+            f"{result['expected_chain_tau']:.2f}; draft vocabulary covers {coverage:.1%} of held-out answer tokens")
 
 
 # HeadConfig fields a head config may set

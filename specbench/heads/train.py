@@ -77,17 +77,22 @@ class Batch:
 
 
 def draft_vocabulary(sequences: list[dict], size: int, vocab_size: int, always: set[int]) -> torch.Tensor | None:
-    """EAGLE-3's reduced draft vocabulary: the ``size`` most frequent answer tokens (+ ``always``: EOS), sorted
-    by id; None when size is 0 or covers the vocabulary."""
+    """EAGLE-3's reduced draft vocabulary: the ``size`` most frequent answer tokens (+ ``always``: EOS), sorted by
+    id; None when size is 0 or covers the vocabulary. Where a small dataset has fewer distinct answer tokens than
+    ``size``, the rest are the most frequent prompt tokens, then the lowest ids (a BPE's earliest merges)."""
     if size <= 0 or size >= vocab_size:
         return None
-    counts = torch.zeros(vocab_size, dtype=torch.long)
+    answer = torch.zeros(vocab_size, dtype=torch.long)
+    prompt = torch.zeros(vocab_size, dtype=torch.long)
     for seq in sequences:
-        counts += torch.bincount(seq["ids"][seq["start"]:].long(), minlength=vocab_size)
+        ids = seq["ids"].long()
+        answer += torch.bincount(ids[seq["start"]:], minlength=vocab_size)
+        prompt += torch.bincount(ids[:seq["start"]], minlength=vocab_size)
+    score = answer.double() * (float(prompt.sum()) + 1.0) + prompt.double()
     for token in always:
-        counts[token] = counts.max() + 1
-    top = counts.topk(size).indices  # ties: torch's order; ids with count 0 fill the rest
-    return top.sort().values
+        score[token] = float("inf")
+    order = torch.sort(-score, stable=True).indices  # ties: the lower id first
+    return order[:size].sort().values
 
 
 def target_to_draft(draft_ids: torch.Tensor | None, vocab_size: int) -> torch.Tensor:
