@@ -216,7 +216,7 @@ def test_eagle_needs_a_published_head(installed, tmp_path):
     with pytest.raises(ConfigError, match=r"^method\.head: vLLM's eagle needs a draft head made for this target"):
         speculative_config(method("method=eagle", "method.head=null"), FILES)
     assert speculative_config(method("method=eagle", "method.head=org/eagle-head"), FILES) == {
-        "method": "eagle", "num_speculative_tokens": 5, "model": "org/eagle-head"}
+        "method": "eagle", "num_speculative_tokens": 4, "model": "org/eagle-head"}
     (tmp_path / "head.json").write_text("{}")  # a head trained here: specbench's format, not vLLM's
     with pytest.raises(ConfigError, match=r"^method\.head: .* is a head trained here \(specbench format\)"):
         speculative_config(method("method=eagle", f"method.head={tmp_path}"), FILES)
