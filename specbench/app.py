@@ -149,8 +149,9 @@ def measure(cfg: DictConfig, spec: RunSpec, pair=None) -> dict:
     sampling = OmegaConf.to_container(cfg.sampling, resolve=True)
     tracker = build(cfg.logger, "logger") if cfg.get("logger") else None
     config = OmegaConf.to_container(cfg, resolve=True)
-    if recorded_sha256(config["method"]):  # every record names the trained head it drafted with
-        config["method"]["head_sha256"] = recorded_sha256(config["method"])
+    head_sha256 = recorded_sha256(config["method"])
+    if head_sha256:  # every record names the trained head it drafted with
+        config["method"]["head_sha256"] = head_sha256
     exact = sampling["temperature"] == 0
     runner = Runner(pair, dataset.max_new_tokens, warmup=cfg.runner.warmup,
                     warmup_max_new_tokens=cfg.runner.warmup_max_new_tokens, repeats=cfg.runner.repeats,

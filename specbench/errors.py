@@ -1,4 +1,5 @@
 """Errors a user can act on: each names the config key or file at fault and what would be valid."""
+import sys
 
 
 class ConfigError(ValueError):
@@ -24,3 +25,13 @@ class StorageError(RuntimeError):
 
 class LosslessnessError(RuntimeError):
     """``runner.strict_lossless``: an output diverged from greedy beyond the measured numerical noise."""
+
+
+def exit_on_config_error(program: str, run) -> None:
+    """Call ``run()``; a ConfigError ends the program with one line on stderr ("<program>: error: ...") and exit
+    status 2 (the pipelines' command lines)."""
+    try:
+        run()
+    except ConfigError as exc:
+        print(f"{program}: error: {exc}", file=sys.stderr)
+        sys.exit(2)

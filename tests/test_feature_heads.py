@@ -106,7 +106,7 @@ def test_the_first_step_is_the_prefill_and_trees_are_tries_within_budget(tmp_pat
     assert tree.propose(context).tokens == []  # no features yet: the target's prefill step
     lm = FeatureLM(pair.target)
     lm.forward([5, 6, 7])
-    tree.features, tree.known = [lm.features_at(range(2))], 2  # as observe() leaves them after a prefill of 3
+    tree.features = lm.features_at(range(2))  # as observe() leaves them after a prefill of 3
     proposal = tree.propose(context)
     assert len(proposal.tokens) == 8 and 2 <= proposal.depth <= 3
     kids = proposal.children()
@@ -121,7 +121,7 @@ def test_rerank_keeps_the_best_paths_by_cumulative_log_probability(tmp_path):
     lm = FeatureLM(pair.target)
     lm.forward([5, 6, 7])
     for tree in (wide, narrow):
-        tree.features, tree.known = [lm.features_at(range(2))], 2
+        tree.features = lm.features_at(range(2))
     context = StepContext([5, 6, 7], 0, 30, set(), Sampler())
     full, cut = wide.propose(context), narrow.propose(context)
     assert len(full.tokens) == 4 + 16  # the root's top-4 and each's top-4 (every child of an expanded node)
@@ -175,7 +175,7 @@ def test_a_reduced_vocabulary_proposes_only_its_tokens(tmp_path):
     tree = proposer(pair, tmp_path, top_k=4, depth=3, max_nodes=20, draft_ids=draft_ids)
     lm = FeatureLM(pair.target)
     lm.forward([5, 6, 7])
-    tree.features, tree.known = [lm.features_at(range(2))], 2
+    tree.features = lm.features_at(range(2))
     proposal = tree.propose(StepContext([5, 6, 7], 0, 30, set(), Sampler()))
     assert proposal.tokens and set(proposal.tokens) <= set(draft_ids.tolist())
 
@@ -254,6 +254,18 @@ def test_a_published_head_id_offline_names_the_switch(tmp_path, monkeypatch):
         load_head("yuhuili/EAGLE-LLaMA3-Instruct-8B", "eagle")
 
 
+def hub_snapshot(cache, repo_id: str, config, state: dict, monkeypatch) -> None:
+    """A checkpoint in the Hugging Face cache layout (refs/main -> snapshots/<commit>/), the cache made the hub's."""
+    repo = cache / ("models--" + repo_id.replace("/", "--"))
+    snapshot = repo / "snapshots" / ("a" * 40)
+    snapshot.mkdir(parents=True)
+    config.to_json_file(snapshot / "config.json")
+    torch.save(state, snapshot / "pytorch_model.bin")
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("a" * 40)
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(cache))
+
+
 def test_a_published_eagle_checkpoint_loads_from_the_hub_cache_and_drafts(tmp_path, monkeypatch):
     """EAGLE's released layout (config.json of the target's architecture, pytorch_model.bin with fc.* and
     layers.0.*, a copy of embed_tokens that is not used), found offline in the Hugging Face cache by its id."""
@@ -263,13 +275,7 @@ def test_a_published_eagle_checkpoint_loads_from_the_hub_cache_and_drafts(tmp_pa
     state = {("fc." + k[len("fusion.fc."):]) if k.startswith("fusion.fc.") else "layers.0." + k: v
              for k, v in head.state_dict().items()}
     state["embed_tokens.weight"] = torch.zeros(3, 3)
-    snapshot = tmp_path / "models--someone--EAGLE-tiny" / "snapshots" / ("a" * 40)
-    snapshot.mkdir(parents=True)
-    pair.target.config.to_json_file(snapshot / "config.json")
-    torch.save(state, snapshot / "pytorch_model.bin")
-    (tmp_path / "models--someone--EAGLE-tiny" / "refs").mkdir()
-    (tmp_path / "models--someone--EAGLE-tiny" / "refs" / "main").write_text("a" * 40)
-    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(tmp_path))
+    hub_snapshot(tmp_path, "someone/EAGLE-tiny", pair.target.config, state, monkeypatch)
     method = FeatureHeadMethod(pair, "eagle", head="someone/EAGLE-tiny", top_k=3, depth=3, max_nodes=8)
     assert method.identity["source"] == "someone/EAGLE-tiny"
     for name, value in head.state_dict().items():
@@ -290,13 +296,7 @@ def test_a_released_griffin_checkpoint_maps_onto_our_griffin_head(tmp_path, monk
     for name, value in head.state_dict().items():
         prefix = next((p for p in ours_to_theirs if name.startswith(p)), None)
         state[ours_to_theirs[prefix] + name[len(prefix):] if prefix else "layers.0." + name] = value
-    snapshot = tmp_path / "models--husj576--GRIFFIN-tiny" / "snapshots" / ("b" * 40)
-    snapshot.mkdir(parents=True)
-    pair.target.config.to_json_file(snapshot / "config.json")
-    torch.save(state, snapshot / "pytorch_model.bin")
-    (tmp_path / "models--husj576--GRIFFIN-tiny" / "refs").mkdir()
-    (tmp_path / "models--husj576--GRIFFIN-tiny" / "refs" / "main").write_text("b" * 40)
-    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(tmp_path))
+    hub_snapshot(tmp_path, "husj576/GRIFFIN-tiny", pair.target.config, state, monkeypatch)
     method = FeatureHeadMethod(pair, "griffin", kind="griffin", head="husj576/GRIFFIN-tiny", top_k=3, depth=3)
     assert method.head.cfg.tgf_width == 100
     for name, value in head.state_dict().items():

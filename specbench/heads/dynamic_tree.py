@@ -39,11 +39,15 @@ class HeadTree:
         self.dtype = next(head.parameters()).dtype
         self.device = next(head.parameters()).device
         self.cache = HeadCache()
-        self.features: list[torch.Tensor] = []  # the target's features of the committed tokens, in chunks
-        self.known = 0  # how many committed tokens have a feature
+        self.features: torch.Tensor | None = None  # (known, H): the target's features of the committed tokens
         self.tree_nodes: list[int] = []
         self.tree_depth: list[int] = []
         self.head_forwards = 0
+
+    @property
+    def known(self) -> int:
+        """How many committed tokens have a feature."""
+        return 0 if self.features is None else self.features.shape[0]
 
     def _head(self, ids: list[int], features: torch.Tensor, parents: list[int], cached_parents: list[int]):
         """One head forward over new positions; returns (logp (n, V_d) float32, regress (n, H))."""
@@ -66,7 +70,7 @@ class HeadTree:
         if self.known != len(tokens) - 1:
             raise RuntimeError(f"HeadTree: features for {self.known} tokens, expected {len(tokens) - 1}")
         start = self.cache.length  # head positions read so far; read (F_i, x_{i+1}) for i = start .. L-2
-        features = torch.cat(self.features)[start:]
+        features = self.features[start:]
         n = len(tokens) - 1 - start
         logp, regress = self._head(tokens[start + 1:], features, list(range(-1, n - 1)), [])
         committed = self.cache.length
@@ -79,7 +83,6 @@ class HeadTree:
         k = self.top_k
         pool: list[tuple[float, int, int, int]] = []  # candidates: (score, depth, parent candidate, target id)
         frontier = [-1]  # candidates whose children come next (-1: the root)
-        score = {-1: 0.0}
         feature_of = {-1: regress[0]}  # F̂ each frontier node's children read (the parent's regress output)
         cached: list[int] = []
         slot = {-1: -1}
@@ -90,9 +93,7 @@ class HeadTree:
             for row, parent in enumerate(frontier):
                 for value, token in zip(top.values[row].tolist(), ids[row]):
                     children.append(len(pool))
-                    pool.append((score[parent] + value, depth, parent, int(token)))
-            for c in children:
-                score[c] = pool[c][0]
+                    pool.append(((pool[parent][0] if parent >= 0 else 0.0) + value, depth, parent, int(token)))
             expandable = [c for c in children if pool[c][3] not in context.eos_ids]
             frontier = sorted(expandable, key=lambda c: (-pool[c][0], c))[:k]
             if depth == depth_cap or not frontier:
@@ -124,8 +125,7 @@ class HeadTree:
     def observe(self, step: Step) -> None:
         if step.features is None:
             raise RuntimeError("HeadTree needs the target's features: verify with a decoding.cached_lm.FeatureLM")
-        self.features.append(step.features)
-        self.known += step.features.shape[0]
+        self.features = step.features if self.features is None else torch.cat([self.features, step.features])
 
     def extra(self) -> dict:
         return {"tree_nodes": self.tree_nodes, "tree_depth": self.tree_depth, "head_forwards": self.head_forwards}

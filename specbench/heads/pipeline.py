@@ -130,26 +130,36 @@ class HeadPipeline:
             raise ConfigError(f"head: {self.head_dir} holds a head trained with other settings; remove it, or give "
                               f"this one another head.name")
         marker.write_text(json.dumps(identity, indent=1, sort_keys=True))
-        sequences = load_sequences(self.data_dir)
-        pair = self.pair
-        target = pair.target
-        kind = self.head_cfg["kind"]
-        options = {k: v for k, v in self.head_cfg.items() if k in HEAD_OPTIONS and v is not None}
-        config = HeadConfig.for_target(target.config, kind, **options)
-        train_set, held_out = split(sequences, self.head_cfg.get("holdout", 0.05), self.settings.seed)
-        draft_ids = draft_vocabulary(train_set, config.draft_vocab_size, config.vocab_size, pair.eos_ids)
-        t2d = target_to_draft(draft_ids, config.vocab_size)
-        parts = TargetParts.of(target, draft_ids, torch.float32)
         only = self.cfg.get("train_stage")
         indices = range(1, len(self.settings.stages) + 1) if only is None else [int(only)]
         require(all(1 <= i <= len(self.settings.stages) for i in indices), "train_stage",
                 f"must be 1..{len(self.settings.stages)} (head.train.stages), got {only!r}")
+        todo = [i for i in indices if not (self.head_dir / f"stage-{i}" / CONFIG_FILE).exists()]
+        for index in sorted(set(indices) - set(todo)):
+            log(f"[heads] stage {index}: done ({self.head_dir / f'stage-{index}'})")
+        if todo:  # the target loads only when a stage is left to train, and after its predecessor is found
+            check_predecessor(self.head_dir, todo[0])
+            self._train_stages(todo)
+        last = self.head_dir / f"stage-{len(self.settings.stages)}"
+        if (last / CONFIG_FILE).exists():
+            for name in (WEIGHTS_FILE, CONFIG_FILE):  # weights first: head.json names their hash
+                shutil.copyfile(last / name, self.head_dir / (name + ".tmp"))
+                (self.head_dir / (name + ".tmp")).replace(self.head_dir / name)
+            log(f"[heads] final head: {self.head_dir} (method.head={self.head_dir})")
+
+    def _train_stages(self, indices: list[int]) -> None:
+        sequences = load_sequences(self.data_dir)
+        pair = self.pair
+        target = pair.target
+        options = {k: v for k, v in self.head_cfg.items() if k in HEAD_OPTIONS and v is not None}
+        config = HeadConfig.for_target(target.config, self.head_cfg["kind"], **options)
+        train_set, _ = split(sequences, self.head_cfg.get("holdout", 0.05), self.settings.seed)
+        draft_ids = draft_vocabulary(train_set, config.draft_vocab_size, config.vocab_size, pair.eos_ids)
+        t2d = target_to_draft(draft_ids, config.vocab_size)
+        parts = TargetParts.of(target, draft_ids, torch.float32)
         history = self._history()
         for index in indices:
             stage_dir = self.head_dir / f"stage-{index}"
-            if (stage_dir / CONFIG_FILE).exists():
-                log(f"[heads] stage {index}: done ({stage_dir})")
-                continue
             check_predecessor(self.head_dir, index)
             head = self._start_head(config, index)
             began = time.perf_counter()
@@ -161,12 +171,6 @@ class HeadPipeline:
                                                                    time.perf_counter() - began))
             (stage_dir / "partial.pt").unlink(missing_ok=True)
             log(f"[heads] stage {index}: saved {stage_dir} ({parameter_count(head) / 1e6:.1f} M parameters)")
-        last = self.head_dir / f"stage-{len(self.settings.stages)}"
-        if (last / CONFIG_FILE).exists():
-            for name in (WEIGHTS_FILE, CONFIG_FILE):  # weights first: head.json names their hash
-                shutil.copyfile(last / name, self.head_dir / (name + ".tmp"))
-                (self.head_dir / (name + ".tmp")).replace(self.head_dir / name)
-            log(f"[heads] final head: {self.head_dir} (method.head={self.head_dir})")
 
     def _history(self) -> dict:
         path = self.head_dir / "history.json"
