@@ -12,7 +12,8 @@ from hydra import compose, initialize_config_dir
 from specbench import app
 from specbench.decoding.cached_lm import FeatureLM
 from specbench.errors import ConfigError
-from specbench.heads.extract import extract, generate_with_features, load_sequences
+from specbench.heads.extract import (extract, generate_with_features, load_sequences, prefill_with_features,
+                                     with_answer)
 from specbench.heads.model import DraftHead, HeadConfig, TargetParts
 from specbench.heads.pipeline import HeadPipeline
 from specbench.heads.train import (Stage, StageRun, TrainSettings, batches, draft_vocabulary, pass_losses,
@@ -27,7 +28,7 @@ PAIR = build_tiny_pair(name="tiny-llama")
 def sharegpt_file(path, n: int):
     convs = [{"id": f"c{i}", "conversations": [
         {"from": "human", "value": f"Tell me about item number {i} and why it matters so much today."},
-        {"from": "gpt", "value": "..."}]} for i in range(n)]
+        {"from": "gpt", "value": f"Item {i} matters because " + "it does " * i}]} for i in range(n)]
     path.write_text(json.dumps(convs)[:-25])  # cut short, like the package's file
     return path
 
@@ -48,6 +49,23 @@ def test_generated_features_equal_a_forward_over_the_sequence():
         assert torch.allclose(row["hidden"], lm.features_at(range(len(row["ids"]))), atol=1e-4)
     from specbench.methods.greedy import Greedy
     assert rows[1]["ids"][rows[1]["start"]:].tolist() == Greedy(PAIR, "g").generate(prompts[1], 11, set()).tokens
+
+
+def test_given_answers_are_read_in_one_pass_with_the_features_a_forward_gives():
+    prompt = PAIR.encode("a prompt")
+    answer = PAIR.tokenizer("the reply text", add_special_tokens=False)["input_ids"]
+    whole = with_answer(PAIR, prompt, "the reply text", 50)
+    assert whole == prompt + answer + [PAIR.tokenizer.eos_token_id]  # the reply fits: it ends with EOS
+    cut = with_answer(PAIR, prompt, "the reply text", 2)
+    assert cut == prompt + answer[:2]  # cut at the budget: no EOS
+    short = with_answer(PAIR, PAIR.encode("another, longer prompt here"), "x", 50)
+    rows = prefill_with_features(PAIR.target, [(whole, len(prompt)), (short, len(short) - 2)], pad_id=0)
+    for ids, row in zip((whole, short), rows):
+        assert row["ids"].tolist() == ids and row["hidden"].shape[0] == len(ids)
+        lm = FeatureLM(PAIR.target)
+        lm.forward(ids)
+        assert torch.allclose(row["hidden"], lm.features_at(range(len(ids))), atol=1e-4)
+    assert rows[0]["start"] == len(prompt) and rows[1]["start"] == len(short) - 2
 
 
 def test_extraction_resumes_and_refuses_other_settings(tmp_path):
@@ -96,6 +114,22 @@ def test_training_lowers_the_loss_and_raises_top1(tmp_path):
     history = run.run(sequences, t2d)
     assert total_loss(head, parts, plan, s) < 0.8 * before
     assert history[-1]["top1"][0] > history[0]["top1"][0]
+
+
+@pytest.mark.parametrize("kind", ["eagle", "griffin"])
+def test_a_head_can_start_from_the_targets_last_layer(kind):
+    config = HeadConfig.for_target(PAIR.target.config, kind)
+    head = DraftHead(config).init_from_target(PAIR.target)
+    last = PAIR.target.model.layers[-1]
+    assert torch.equal(head.self_attn.q_proj.weight, last.self_attn.q_proj.weight.float())
+    down = last.mlp.down_proj.weight.float()
+    assert torch.equal(head.mlp.down_proj.weight, torch.cat([down, down]) if kind == "griffin" else down)
+    h = config.hidden_size
+    e, f = torch.randn(1, 3, h), torch.randn(1, 3, h)
+    assert torch.allclose(head.fusion.fc(torch.cat([e, f], -1)), f)  # the fc passes the feature through
+    narrow = HeadConfig.for_target(PAIR.target.config, kind, intermediate_size=8)
+    with pytest.raises(ConfigError, match=r"^head\.init: target_layer: .*head\.intermediate_size must be"):
+        DraftHead(narrow).init_from_target(PAIR.target)
 
 
 def test_later_passes_are_masked_by_alignment_of_the_drafts_before_them(tmp_path):
@@ -155,6 +189,28 @@ def heads_cfg(tmp_path, *overrides):
             "head.train.batch_tokens=256", "head.train.max_length=64", f"paths.root={tmp_path / 'runs'}",
             "head.train.stages=[{passes:1,epochs:2,lr:3e-3},{passes:2,epochs:1,lr:1e-3},{passes:3,epochs:1,lr:1e-3}]",
             *overrides])
+
+
+def test_data_from_the_conversations_replies_is_its_own_directory(tmp_path):
+    regenerated = HeadPipeline(heads_cfg(tmp_path))
+    assert regenerated.data_identity() == HeadPipeline(heads_cfg(tmp_path, "data.answers=target")).data_identity()
+    assert "answers" not in regenerated.data_identity()  # directories made before the option keep their hash
+    given = HeadPipeline(heads_cfg(tmp_path, "data.answers=dataset", "stage=extract"))
+    assert given.data_dir != regenerated.data_dir
+    given.run("extract")
+    sequences = load_sequences(given.data_dir)
+    assert len(sequences) == 10
+    for seq in sequences:
+        reply = PAIR.decode(seq["ids"][seq["start"]:].tolist())
+        replies = [f"Item {i} matters because " + "it does " * i for i in range(14)]
+        assert any(r.startswith(reply) and len(reply) >= 15 for r in replies)  # the file's reply, not a generation
+    with pytest.raises(ConfigError, match=r"^head\.init: must be one of \['random', 'target_layer'\]"):
+        HeadPipeline(heads_cfg(tmp_path, "head.init=zeros"))
+    # random (the default before the option existed) is left out: heads trained then keep their identity
+    assert "init" not in HeadPipeline(heads_cfg(tmp_path, "head.init=random")).train_identity()["head"]
+    assert regenerated.train_identity()["head"]["init"] == "target_layer"
+    with pytest.raises(ConfigError, match=r"^heads\.data\.answers: must be one of \['target', 'dataset'\]"):
+        HeadPipeline(heads_cfg(tmp_path, "data.answers=gpt4"))
 
 
 def test_a_stage_without_its_predecessor_is_refused(tmp_path):

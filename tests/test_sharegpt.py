@@ -5,7 +5,7 @@ import json
 import pytest
 
 from specbench.errors import ConfigError
-from specbench.heads.sharegpt import Contamination, conversations, training_prompts
+from specbench.heads.sharegpt import Contamination, conversations, training_conversations, training_prompts
 
 EVAL = "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. How many?"
 
@@ -53,3 +53,16 @@ def test_training_prompts_are_clean_unique_and_a_seeded_sample(tmp_path):
     assert sample == training_prompts(path, limit=10, evaluation_prompts=[EVAL], seed=1)
     assert sample != training_prompts(path, limit=10, evaluation_prompts=[EVAL], seed=2)
     assert sample == [p for p in every if p in sample]  # file order kept
+
+
+def test_training_conversations_bring_clean_replies_when_asked(tmp_path):
+    items = [conversation(i, f"Explain topic {i} of distributed systems to a new engineer",
+                          gpt=f"Topic {i} is about consensus and replication") for i in range(6)]
+    items += [conversation(6, "Explain why the sky looks blue at noon", gpt="Quiz: " + EVAL),  # contaminated reply
+              conversation(7, "Explain why the sea looks blue at noon", gpt="ok"),  # reply too short
+              {"id": "no-reply", "conversations": [{"from": "human", "value": "A question nobody answered here"}]}]
+    path = write_cut(tmp_path / "s.json", items)
+    pairs = training_conversations(path, limit=100, evaluation_prompts=[EVAL], answers=True)
+    assert [a for _, a in pairs] == [f"Topic {i} is about consensus and replication" for i in range(6)]
+    assert len(training_conversations(path, limit=100, evaluation_prompts=[EVAL])) == 9  # prompts alone: all 9
+    assert all(a is None for _, a in training_conversations(path, limit=100, evaluation_prompts=[EVAL]))

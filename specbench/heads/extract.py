@@ -7,6 +7,13 @@ no second pass reads the sequence again. Batches are left-padded; the features o
 bf16 rounding that batching brings (the head is trained on them, nothing is verified against them). A row ends
 after its first EOS or the budget; the last generated token has no feature (it was never fed) and is dropped.
 
+With ``answers=dataset`` the answers are the conversations' own replies instead (how EAGLE's and GRIFFIN's
+released training data are made: fixed ShareGPT text, the target's features over it). The target then reads
+prompt + reply in one forward pass per batch (right-padded; ``prefill_with_features``), several times faster
+per token on a CPU than generating, so the same hour gives several times more positions. The head still learns
+the target's own next-token distribution (its targets are the target's softmax), but its input tokens are
+another model's text rather than what the target would have said.
+
 Resumable: each batch is written as one shard (``shard-00000.pt``: ids, answer start, features per sequence)
 and then named in ``manifest.jsonl``; a re-run skips the prompts the manifest lists. The directory's
 ``data.json`` holds what the data depends on (target, dtype, prompts, budget); a different one is refused.
@@ -78,21 +85,47 @@ def generate_with_features(model, prompts: Sequence[list[int]], max_new_tokens: 
     return rows
 
 
-def extract(pair, prompts: Sequence[tuple[str, str]], directory: Path, max_new_tokens: int, batch_size: int,
+@torch.inference_mode()
+def prefill_with_features(model, sequences: Sequence[tuple[list[int], int]], pad_id: int) -> list[dict]:
+    """Features of given (ids, answer start) sequences from one right-padded forward pass: the rows
+    ``generate_with_features`` gives, for text the target did not choose. The decoder alone runs (no lm_head:
+    the features are all that is kept)."""
+    width = max(len(ids) for ids, _ in sequences)
+    batch = torch.full((len(sequences), width), pad_id, dtype=torch.long)
+    attention = torch.zeros_like(batch)
+    for row, (ids, _) in enumerate(sequences):
+        batch[row, :len(ids)] = torch.tensor(ids)
+        attention[row, :len(ids)] = 1
+    hidden = model.base_model(input_ids=batch, attention_mask=attention, use_cache=False).last_hidden_state
+    # (B, width, H) after the final norm
+    return [{"ids": torch.tensor(ids, dtype=torch.int32), "start": start, "hidden": hidden[row, :len(ids)].clone()}
+            for row, (ids, start) in enumerate(sequences)]
+
+
+def with_answer(pair, prompt_ids: list[int], answer: str, max_new_tokens: int) -> list[int]:
+    """prompt ids + the answer's tokens (at most ``max_new_tokens``, ending with the pair's EOS when it fits)."""
+    tokens = pair.tokenizer(answer, add_special_tokens=False)["input_ids"][:max_new_tokens]
+    eos = pair.tokenizer.eos_token_id if pair.tokenizer.eos_token_id in pair.eos_ids else min(pair.eos_ids)
+    return list(prompt_ids) + list(tokens) + ([eos] if len(tokens) < max_new_tokens else [])
+
+
+def extract(pair, prompts: Sequence[tuple], directory: Path, max_new_tokens: int, batch_size: int,
             max_prompt_tokens: int, identity: dict, log=print) -> Path:
-    """Regenerate and store every (id, text) prompt not yet in ``directory``'s manifest."""
+    """Store every (id, text) prompt not yet in ``directory``'s manifest with the target's greedy answer, or every
+    (id, text, answer) with that answer (``prefill_with_features``)."""
     directory = Path(directory)
     check_identity(directory, identity)
     done = done_prompts(directory)
     encoded, too_long = [], 0
-    for pid, text in prompts:
+    given_answers = any(len(item) == 3 for item in prompts)
+    for pid, text, *answer in prompts:
         if pid in done:
             continue
         ids = pair.encode(text)
         if len(ids) > max_prompt_tokens:
             too_long += 1
             continue
-        encoded.append((pid, ids))
+        encoded.append((pid, with_answer(pair, ids, answer[0], max_new_tokens) if answer else ids, len(ids)))
     shard = len(list(directory.glob("shard-*.pt")))
     log(f"[heads] extract: {len(done)} prompt(s) kept, {len(encoded)} to run, {too_long} longer than "
         f"{max_prompt_tokens} tokens skipped")
@@ -101,15 +134,19 @@ def extract(pair, prompts: Sequence[tuple[str, str]], directory: Path, max_new_t
     for first in range(0, len(encoded), batch_size):
         batch = encoded[first:first + batch_size]
         start = time.perf_counter()
-        rows = generate_with_features(pair.target, [ids for _, ids in batch], max_new_tokens, pair.eos_ids, pad)
-        for (pid, _), row in zip(batch, rows):
+        if given_answers:
+            rows = prefill_with_features(pair.target, [(ids, at) for _, ids, at in batch], pad)
+        else:
+            rows = generate_with_features(pair.target, [ids for _, ids, _ in batch], max_new_tokens, pair.eos_ids,
+                                          pad)
+        for (pid, _, _), row in zip(batch, rows):
             row["id"] = pid
         path = directory / f"shard-{shard:05d}.pt"
         torch.save(rows, path.with_suffix(".tmp"))
         path.with_suffix(".tmp").replace(path)
         answer = sum(len(r["ids"]) - r["start"] for r in rows)
         with open(directory / MANIFEST, "a") as f:
-            f.write(json.dumps({"shard": path.name, "prompts": [pid for pid, _ in batch], "answer_tokens": answer,
+            f.write(json.dumps({"shard": path.name, "prompts": [pid for pid, _, _ in batch], "answer_tokens": answer,
                                 "tokens": sum(len(r["ids"]) for r in rows)}) + "\n")
         shard += 1
         log(f"[heads] extract: {first + len(batch)}/{len(encoded)} prompts, {answer} answer tokens in "

@@ -268,6 +268,38 @@ class DraftHead(nn.Module):
                     p.zero_()
         return self
 
+    def init_from_target(self, target: nn.Module, seed: int = 0, std: float = 0.02) -> "DraftHead":
+        """Start from the target's last decoder layer instead of noise (``head.init: target_layer``): its
+        attention, MLP and post-attention norm (a dual head's 2H MLP output gets the down projection twice), and
+        a fusion fc that passes the feature through (fc([e; F]) = F); the rest (TGF's MLP) as ``init_weights``.
+        With a few hundred training sequences this starts the head from a layer that already reads the
+        target's features instead of learning one from scratch."""
+        self.init_weights(seed, std)
+        layers = getattr(getattr(target, "model", None), "layers", None)
+        if layers is None:
+            raise ConfigError("head.init: target_layer needs a Llama-family target with model.layers")
+        layer, h = layers[-1], self.cfg.hidden_size
+        with torch.no_grad():
+            pairs = [(getattr(self.self_attn, n), getattr(layer.self_attn, n)) for n in ("q_proj", "k_proj", "v_proj",
+                                                                                       "o_proj")]
+            pairs += [(getattr(self.mlp, n), getattr(layer.mlp, n)) for n in ("gate_proj", "up_proj", "down_proj")]
+            for mine, theirs in pairs:
+                weight = linear_weight(theirs).float()
+                if mine.weight.shape[1] != weight.shape[1] or mine.weight.shape[0] % weight.shape[0]:
+                    raise ConfigError(f"head.init: target_layer: the head's {tuple(mine.weight.shape)} weight cannot "
+                                      f"start from the target's {tuple(weight.shape)} (head.intermediate_size must "
+                                      "be the target's)")
+                mine.weight.copy_(weight.repeat(mine.weight.shape[0] // weight.shape[0], 1))
+                if mine.bias is not None and getattr(theirs, "bias", None) is not None:
+                    mine.bias.copy_(theirs.bias.float())
+            self.post_attention_layernorm.weight.copy_(layer.post_attention_layernorm.weight.float())
+            fc = self.fusion.fc
+            fc.weight.zero_()
+            fc.weight[:, h:] = torch.eye(h)
+            if fc.bias is not None:
+                fc.bias.zero_()
+        return self
+
 
 class TargetParts:
     """The target's frozen pieces a head uses: its input embeddings and the lm_head rows of the draft
@@ -311,12 +343,16 @@ class TargetParts:
 
 def linear_weight(module: nn.Module) -> torch.Tensor:
     """A linear layer's (out, in) weight, also from a oneDNN-prepacked one (models/cpu_linear.PackedLinear, which
-    keeps no plain copy): read back as module(I)ᵀ, exact, since each output is one weight times 1."""
+    keeps no plain copy): read back as module(I)ᵀ without its bias, exact, since each output is one weight times 1."""
     if getattr(module, "weight", None) is not None:
         return module.weight.detach()
     eye = torch.eye(module.in_features, dtype=module.dtype)
-    with torch.no_grad():
-        return module(eye).T.contiguous()
+    bias, module.bias = getattr(module, "bias", None), None  # W·I alone (the bias would be added to every column)
+    try:
+        with torch.no_grad():
+            return module(eye).T.contiguous()
+    finally:
+        module.bias = bias
 
 
 def parameter_count(module: nn.Module) -> int:

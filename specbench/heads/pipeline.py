@@ -34,11 +34,13 @@ from ..errors import ConfigError, require
 from .artifact import CONFIG_FILE, WEIGHTS_FILE, load_local, save_head
 from .extract import extract, load_sequences
 from .model import DraftHead, HeadConfig, TargetParts, parameter_count
-from .sharegpt import package_file, training_prompts
+from .sharegpt import package_file, training_conversations
 from .train import (StageRun, TrainSettings, check_predecessor, draft_vocabulary, evaluate, split, target_to_draft,
                     write_json)
 
 STAGES = ("extract", "train", "evaluate")
+ANSWERS = ("target", "dataset")  # data.answers: the target's greedy regeneration, or the conversations' replies
+INITS = ("random", "target_layer")  # head.init: noise, or the target's last decoder layer (model.init_from_target)
 
 
 def digest(data) -> str:
@@ -57,9 +59,13 @@ class HeadPipeline:
     def __init__(self, cfg: DictConfig):
         self.cfg = cfg
         require(cfg.stage in STAGES + ("all",), "stage", f"must be one of {list(STAGES) + ['all']}, got {cfg.stage!r}")
+        answers = cfg.data.get("answers", "target")
+        require(answers in ANSWERS, "heads.data.answers", f"must be one of {list(ANSWERS)}, got {answers!r}")
         self.head_cfg = plain(cfg.head)
         for key in ("name", "kind", "train"):
             require(key in self.head_cfg, f"head.{key}", "missing from the head config (conf/head/*.yaml)")
+        require(self.head_cfg.get("init", "random") in INITS, "head.init",
+                f"must be one of {list(INITS)}, got {self.head_cfg.get('init')!r}")
         self.settings = self._settings()
         self.model_cfg = cfg.model
         self.data = plain(cfg.data)
@@ -84,10 +90,14 @@ class HeadPipeline:
 
     # -- identities ---------------------------------------------------------------------------------------
     def data_identity(self) -> dict:
-        return {"model": plain(self.model_cfg), **{k: v for k, v in self.data.items() if k != "batch_size"}}
+        # answers=target is left out so directories made before the option existed keep their hash
+        skip = {"batch_size"} | ({"answers"} if self.data.get("answers", "target") == "target" else set())
+        return {"model": plain(self.model_cfg), **{k: v for k, v in self.data.items() if k not in skip}}
 
     def train_identity(self) -> dict:
         head = {k: v for k, v in self.head_cfg.items() if k not in ("train", "name")}
+        if head.get("init") == "random":  # the default, left out so heads trained before the option keep theirs
+            del head["init"]
         return {"head": head, "train": self.head_cfg["train"], "data": self.data_dir.name}
 
     @property
@@ -116,9 +126,14 @@ class HeadPipeline:
     def extract(self) -> None:
         path = Path(self.data["path"]) if self.data.get("path") else package_file()
         require(path.is_file(), "heads.data.path", f"{path} does not exist (a ShareGPT-format JSON file)")
-        texts = training_prompts(path, self.data["prompts"], self.evaluation_prompts(), self.data.get("seed", 0))
-        prompts = [(hashlib.sha1(t.encode()).hexdigest()[:12], t) for t in texts]
-        log(f"[heads] {len(prompts)} training prompts from {path.name} (none overlapping {self.data.get('exclude')})")
+        given = self.data.get("answers", "target") == "dataset"
+        chosen = training_conversations(path, self.data["prompts"], self.evaluation_prompts(),
+                                        self.data.get("seed", 0), answers=given)
+        prompts = [(hashlib.sha1(t.encode()).hexdigest()[:12], t, a) if given
+                   else (hashlib.sha1(t.encode()).hexdigest()[:12], t) for t, a in chosen]
+        source = "the conversations' own replies" if given else "the target regenerates them (greedy)"
+        log(f"[heads] {len(prompts)} training prompts from {path.name} (none overlapping {self.data.get('exclude')}); "
+            f"answers: {source}")
         extract(self.pair, prompts, self.data_dir, self.data["max_new_tokens"], self.data["batch_size"],
                 self.data["max_prompt_tokens"], self.data_identity(), log)
 
@@ -178,7 +193,10 @@ class HeadPipeline:
 
     def _start_head(self, config: HeadConfig, index: int) -> DraftHead:
         if index == 1:
-            return DraftHead(config).init_weights(seed=self.settings.seed, std=self.head_cfg.get("init_std", 0.02))
+            head, std = DraftHead(config), self.head_cfg.get("init_std", 0.02)
+            if self.head_cfg.get("init", "random") == "target_layer":
+                return head.init_from_target(self.pair.target, seed=self.settings.seed, std=std)
+            return head.init_weights(seed=self.settings.seed, std=std)
         return load_local(self.head_dir / f"stage-{index - 1}", "head").build(torch.float32)
 
     def _provenance(self, index, sequences, train_set, rows, seconds) -> dict:

