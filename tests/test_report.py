@@ -414,3 +414,18 @@ def test_a_failed_job_does_not_stop_the_sweep_and_its_cell_says_why(tmp_path):
     rows = {r[1]: r[2:] for r in table.rows if r[0] == "tiny-llama"}
     assert rows["oracle_sl"][0].startswith("failed: sampling.temperature: method 'oracle_sl'")
     assert re.fullmatch(r"(\*\*|<u>)?[\d.]+×(\*\*|</u>)?", rows["SPS"][0]), rows["SPS"]  # the job after it ran
+
+
+# methods the papers compare against that we do not implement: their rows show the paper's numbers only
+PAPER_ONLY_METHODS = {"eagle1", "fspad", "hass", "hydra"}
+
+
+def test_published_rows_name_our_methods_so_ours_land_beside_them():
+    import csv
+
+    from specbench.report.paper import PUBLISHED_DIR, known_methods
+    for path in sorted(PUBLISHED_DIR.glob("*.csv")):
+        rows = csv.DictReader(line for line in path.read_text().splitlines() if not line.startswith("#"))
+        names = {row["method.name"] for row in rows if "method.name" in row}
+        unknown = names - known_methods() - PAPER_ONLY_METHODS
+        assert not unknown, f"{path.name}: method.name {sorted(unknown)} is neither a conf/method config nor paper-only"
