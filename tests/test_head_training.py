@@ -12,8 +12,8 @@ from hydra import compose, initialize_config_dir
 from specbench import app
 from specbench.decoding.cached_lm import FeatureLM
 from specbench.errors import ConfigError
-from specbench.heads.extract import (extract, generate_with_features, load_sequences, prefill_with_features,
-                                     with_answer)
+from specbench.heads.extract import (answer_eos, extract, generate_with_features, load_sequences,
+                                     prefill_with_features, with_answer)
 from specbench.heads.model import DraftHead, HeadConfig, TargetParts
 from specbench.heads.pipeline import HeadPipeline
 from specbench.heads.train import (Stage, StageRun, TrainSettings, batches, draft_vocabulary, pass_losses,
@@ -54,11 +54,12 @@ def test_generated_features_equal_a_forward_over_the_sequence():
 def test_given_answers_are_read_in_one_pass_with_the_features_a_forward_gives():
     prompt = PAIR.encode("a prompt")
     answer = PAIR.tokenizer("the reply text", add_special_tokens=False)["input_ids"]
-    whole = with_answer(PAIR, prompt, "the reply text", 50)
+    eos = answer_eos(PAIR)
+    whole = with_answer(PAIR.tokenizer, prompt, "the reply text", 50, eos)
     assert whole == prompt + answer + [PAIR.tokenizer.eos_token_id]  # the reply fits: it ends with EOS
-    cut = with_answer(PAIR, prompt, "the reply text", 2)
+    cut = with_answer(PAIR.tokenizer, prompt, "the reply text", 2, eos)
     assert cut == prompt + answer[:2]  # cut at the budget: no EOS
-    short = with_answer(PAIR, PAIR.encode("another, longer prompt here"), "x", 50)
+    short = with_answer(PAIR.tokenizer, PAIR.encode("another, longer prompt here"), "x", 50, eos)
     rows = prefill_with_features(PAIR.target, [(whole, len(prompt)), (short, len(short) - 2)], pad_id=0)
     for ids, row in zip((whole, short), rows):
         assert row["ids"].tolist() == ids and row["hidden"].shape[0] == len(ids)

@@ -5,7 +5,11 @@ import json
 import pytest
 
 from specbench.errors import ConfigError
-from specbench.heads.sharegpt import Contamination, conversations, training_conversations, training_prompts
+from specbench.heads.sharegpt import Contamination, conversations, training_conversations
+
+
+def training_prompts(*args, **kwargs) -> list[str]:
+    return [prompt for prompt, _ in training_conversations(*args, **kwargs)]
 
 EVAL = "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. How many?"
 

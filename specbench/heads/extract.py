@@ -58,16 +58,24 @@ def done_prompts(directory: Path) -> set[str]:
     return done
 
 
+def padded(sequences: Sequence[list[int]], pad_id: int, left: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids, attention mask), both (B, longest): each row padded on the left (generation) or the right."""
+    width = max(len(ids) for ids in sequences)
+    batch = torch.full((len(sequences), width), pad_id, dtype=torch.long)
+    attention = torch.zeros_like(batch)
+    for row, ids in enumerate(sequences):
+        cols = slice(width - len(ids), width) if left else slice(0, len(ids))
+        batch[row, cols] = torch.tensor(ids)
+        attention[row, cols] = 1
+    return batch, attention
+
+
 @torch.inference_mode()
 def generate_with_features(model, prompts: Sequence[list[int]], max_new_tokens: int, eos_ids: set[int],
                            pad_id: int) -> list[dict]:
     """Greedy answers and per-position features for a batch: [{ids (n,) int32, start, hidden (n, H)}]."""
-    width = max(len(p) for p in prompts)
-    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
-    attention = torch.zeros_like(ids)
-    for row, prompt in enumerate(prompts):
-        ids[row, width - len(prompt):] = torch.tensor(prompt)
-        attention[row, width - len(prompt):] = 1
+    ids, attention = padded(prompts, pad_id, left=True)
+    width = ids.shape[1]
     out = model.generate(input_ids=ids, attention_mask=attention, max_new_tokens=max_new_tokens, do_sample=False,
                          eos_token_id=sorted(eos_ids), pad_token_id=pad_id, output_hidden_states=True,
                          return_dict_in_generate=True)
@@ -90,22 +98,21 @@ def prefill_with_features(model, sequences: Sequence[tuple[list[int], int]], pad
     """Features of given (ids, answer start) sequences from one right-padded forward pass: the rows
     ``generate_with_features`` gives, for text the target did not choose. The decoder alone runs (no lm_head:
     the features are all that is kept)."""
-    width = max(len(ids) for ids, _ in sequences)
-    batch = torch.full((len(sequences), width), pad_id, dtype=torch.long)
-    attention = torch.zeros_like(batch)
-    for row, (ids, _) in enumerate(sequences):
-        batch[row, :len(ids)] = torch.tensor(ids)
-        attention[row, :len(ids)] = 1
+    batch, attention = padded([ids for ids, _ in sequences], pad_id, left=False)
     hidden = model.base_model(input_ids=batch, attention_mask=attention, use_cache=False).last_hidden_state
     # (B, width, H) after the final norm
     return [{"ids": torch.tensor(ids, dtype=torch.int32), "start": start, "hidden": hidden[row, :len(ids)].clone()}
             for row, (ids, start) in enumerate(sequences)]
 
 
-def with_answer(pair, prompt_ids: list[int], answer: str, max_new_tokens: int) -> list[int]:
-    """prompt ids + the answer's tokens (at most ``max_new_tokens``, ending with the pair's EOS when it fits)."""
-    tokens = pair.tokenizer(answer, add_special_tokens=False)["input_ids"][:max_new_tokens]
-    eos = pair.tokenizer.eos_token_id if pair.tokenizer.eos_token_id in pair.eos_ids else min(pair.eos_ids)
+def answer_eos(pair) -> int:
+    """The EOS a given answer ends with: the tokenizer's (a chat model's end of turn) when the pair stops on it."""
+    return pair.tokenizer.eos_token_id if pair.tokenizer.eos_token_id in pair.eos_ids else min(pair.eos_ids)
+
+
+def with_answer(tokenizer, prompt_ids: list[int], answer: str, max_new_tokens: int, eos: int) -> list[int]:
+    """prompt ids + the answer's tokens (at most ``max_new_tokens``, ending with ``eos`` when it fits)."""
+    tokens = tokenizer(answer, add_special_tokens=False)["input_ids"][:max_new_tokens]
     return list(prompt_ids) + list(tokens) + ([eos] if len(tokens) < max_new_tokens else [])
 
 
@@ -118,6 +125,7 @@ def extract(pair, prompts: Sequence[tuple], directory: Path, max_new_tokens: int
     done = done_prompts(directory)
     encoded, too_long = [], 0
     given_answers = any(len(item) == 3 for item in prompts)
+    eos = answer_eos(pair) if given_answers else None
     for pid, text, *answer in prompts:
         if pid in done:
             continue
@@ -125,7 +133,10 @@ def extract(pair, prompts: Sequence[tuple], directory: Path, max_new_tokens: int
         if len(ids) > max_prompt_tokens:
             too_long += 1
             continue
-        encoded.append((pid, with_answer(pair, ids, answer[0], max_new_tokens) if answer else ids, len(ids)))
+        start = len(ids)  # where the answer begins
+        if answer:
+            ids = with_answer(pair.tokenizer, ids, answer[0], max_new_tokens, eos)
+        encoded.append((pid, ids, start))
     shard = len(list(directory.glob("shard-*.pt")))
     log(f"[heads] extract: {len(done)} prompt(s) kept, {len(encoded)} to run, {too_long} longer than "
         f"{max_prompt_tokens} tokens skipped")

@@ -43,6 +43,16 @@ ANSWERS = ("target", "dataset")  # data.answers: the target's greedy regeneratio
 INITS = ("random", "target_layer")  # head.init: noise, or the target's last decoder layer (model.init_from_target)
 
 
+# options added after data and heads were first made, at the value everything had before them: left out of the
+# identities, so a data directory or head made before an option existed keeps its hash
+PRE_OPTION_VALUES = {"answers": "target", "init": "random"}
+
+
+def identity_items(settings: dict, skip=()) -> dict:
+    return {k: v for k, v in settings.items()
+            if k not in skip and not (k in PRE_OPTION_VALUES and PRE_OPTION_VALUES[k] == v)}
+
+
 def digest(data) -> str:
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:12]
 
@@ -90,14 +100,10 @@ class HeadPipeline:
 
     # -- identities ---------------------------------------------------------------------------------------
     def data_identity(self) -> dict:
-        # answers=target is left out so directories made before the option existed keep their hash
-        skip = {"batch_size"} | ({"answers"} if self.data.get("answers", "target") == "target" else set())
-        return {"model": plain(self.model_cfg), **{k: v for k, v in self.data.items() if k not in skip}}
+        return {"model": plain(self.model_cfg), **identity_items(self.data, skip=("batch_size",))}
 
     def train_identity(self) -> dict:
-        head = {k: v for k, v in self.head_cfg.items() if k not in ("train", "name")}
-        if head.get("init") == "random":  # the default, left out so heads trained before the option keep theirs
-            del head["init"]
+        head = identity_items(self.head_cfg, skip=("train", "name"))
         return {"head": head, "train": self.head_cfg["train"], "data": self.data_dir.name}
 
     @property
@@ -129,8 +135,8 @@ class HeadPipeline:
         given = self.data.get("answers", "target") == "dataset"
         chosen = training_conversations(path, self.data["prompts"], self.evaluation_prompts(),
                                         self.data.get("seed", 0), answers=given)
-        prompts = [(hashlib.sha1(t.encode()).hexdigest()[:12], t, a) if given
-                   else (hashlib.sha1(t.encode()).hexdigest()[:12], t) for t, a in chosen]
+        ids = [hashlib.sha1(t.encode()).hexdigest()[:12] for t, _ in chosen]
+        prompts = [(pid, t, a) if given else (pid, t) for pid, (t, a) in zip(ids, chosen)]
         source = "the conversations' own replies" if given else "the target regenerates them (greedy)"
         log(f"[heads] {len(prompts)} training prompts from {path.name} (none overlapping {self.data.get('exclude')}); "
             f"answers: {source}")

@@ -76,20 +76,13 @@ class Contamination:
         return " ".join(words(text)) in self.short or not self.grams.isdisjoint(ngrams(text))
 
 
-def training_prompts(path: Path, limit: int, evaluation_prompts: Iterable[str], seed: int = 0,
-                     min_chars: int = 16, max_chars: int = 4000) -> list[str]:
-    """``limit`` first human turns (min_chars..max_chars long, deduplicated, no overlap with an evaluation
-    prompt), a seeded sample in file order, so the same arguments give the same prompts."""
-    return [prompt for prompt, _ in training_conversations(path, limit, evaluation_prompts, seed, min_chars,
-                                                           max_chars)]
-
-
 def training_conversations(path: Path, limit: int, evaluation_prompts: Iterable[str], seed: int = 0,
                            min_chars: int = 16, max_chars: int = 4000,
                            answers: bool = False) -> list[tuple[str, str | None]]:
-    """(first human turn, the reply after it) pairs chosen as ``training_prompts`` chooses prompts; the reply is
-    None unless ``answers``, which also drops conversations without a reply (or a reply under min_chars) and
-    those whose reply overlaps an evaluation prompt."""
+    """``limit`` (first human turn, the reply after it) pairs: turns min_chars..max_chars long, deduplicated, none
+    overlapping an evaluation prompt; a seeded sample in file order, so the same arguments give the same pairs.
+    The reply is None unless ``answers``, which also drops conversations without a reply (or one under
+    min_chars) and those whose reply overlaps an evaluation prompt."""
     clean = Contamination(evaluation_prompts)
     seen, pool = set(), []
     for conversation in conversations(path):
