@@ -15,7 +15,7 @@ from specbench.errors import ConfigError
 from specbench.heads.extract import (answer_eos, extract, generate_with_features, load_sequences,
                                      prefill_with_features, with_answer)
 from specbench.heads.model import DraftHead, HeadConfig, TargetParts
-from specbench.heads.pipeline import HeadPipeline
+from specbench.heads.pipeline import HeadPipeline, stage_identity
 from specbench.heads.train import (Stage, StageRun, TrainSettings, batches, draft_vocabulary, pass_losses,
                                    target_to_draft)
 from specbench.models.tiny import build_tiny_pair
@@ -154,6 +154,52 @@ def test_later_passes_are_masked_by_alignment_of_the_drafts_before_them(tmp_path
     assert strict[2]["positions"] <= strict[1]["positions"]
 
 
+def full_sequence_losses(head, parts, batch, passes, s):
+    """pass_losses written plainly, lm_head over every position (the reference its row selection must equal)."""
+    b, m = batch.tokens_in.shape
+    embeds, inputs = parts.embed(batch.tokens_in).float(), batch.feats_in
+    positions = torch.arange(m)[None].expand(b, m)
+    p = torch.softmax(parts.logits(batch.feats_out).float(), -1)
+    top_p = p.topk(s.topk_loss_k, dim=-1) if passes >= 2 and s.topk_loss_weight else None
+    streams, aligned, total, stats = [], torch.ones(b, m), 0.0, []
+    for index in range(1, passes + 1):
+        predict, regress = head(embeds, inputs, positions, streams=streams)
+        logq = torch.log_softmax(parts.logits(predict).float(), -1)
+        weight = batch.mask * aligned
+        feature_loss = torch.nn.functional.smooth_l1_loss(regress, batch.feats_out, reduction="none").mean(-1)
+        loss = s.feature_weight * feature_loss
+        loss = loss + s.ce_weight * -(p * logq).sum(-1)
+        if top_p is not None:
+            loss = loss + s.topk_loss_weight * -(top_p.values * logq.gather(-1, top_p.indices)).sum(-1)
+        total = total + (loss * weight).sum() / weight.sum().clamp_min(1.0) / passes
+        in_top = (logq.topk(s.align_top_k, -1).indices == batch.next_draft[..., None]).any(-1).float()
+        hit = (logq.argmax(-1) == batch.next_draft).float()
+        stats.append({"positions": float(weight.sum()), "top1": float((hit * weight).sum()),
+                      "in_top_k": float((in_top * weight).sum())})
+        aligned = torch.cat([torch.zeros(b, 1), (in_top * aligned)[:, :-1]], 1)
+        inputs = torch.cat([inputs[:, :1], regress[:, :-1]], 1)
+    return total, stats
+
+
+@torch.no_grad()
+def test_the_loss_reads_lm_head_only_where_it_can_count_and_equals_the_full_sequence_formula(tmp_path):
+    sequences = tiny_data(tmp_path / "data")
+    config = HeadConfig.for_target(PAIR.target.config, "griffin", draft_vocab_size=60)
+    draft_ids = draft_vocabulary(sequences, 60, config.vocab_size, set())
+    parts, t2d = TargetParts.of(PAIR.target, draft_ids), target_to_draft(draft_ids, config.vocab_size)
+    head = DraftHead(config).init_weights(seed=1, std=0.2)
+    s = settings(align_top_k=25)
+    for batch in batches(sequences, s, t2d, seed=0)[:2]:
+        assert 0 < batch.mask.sum() < batch.mask.numel()  # prompt and out-of-vocabulary positions are left out
+        for passes in (1, 3):
+            loss, stats = pass_losses(head, parts, batch, passes, s, None, train=False)
+            reference, expected = full_sequence_losses(head, parts, batch, passes, s)
+            assert float(loss) == pytest.approx(float(reference), rel=1e-5)
+            for ours, theirs in zip(stats, expected):
+                assert {k: ours[k] for k in theirs} == pytest.approx(theirs)
+            assert passes == 1 or 0 < stats[2]["positions"] < stats[0]["positions"]
+
+
 def test_a_killed_stage_resumes_to_the_same_head(tmp_path):
     sequences = tiny_data(tmp_path / "data")
     config = HeadConfig.for_target(PAIR.target.config, "eagle")
@@ -246,3 +292,41 @@ def test_pipeline_end_to_end_then_griffin_decodes_with_the_trained_head(tmp_path
     assert summary["identical"] == summary["compared"] == 2
     record = json.loads(next((tmp_path / "runs" / "records").rglob("*griffin*.jsonl")).read_text().splitlines()[0])
     assert record["config"]["method"]["head_sha256"] == meta["sha256"]
+
+
+def test_ablations_copy_the_stages_they_share_with_griffin_and_train_the_rest(tmp_path):
+    griffin = HeadPipeline(heads_cfg(tmp_path))
+    griffin.run("extract")
+    griffin.run("train")
+    top1 = HeadPipeline(heads_cfg(tmp_path, "head.name=griffin_top1", "head.train.align_top_k=1"))
+    top1.run("train")
+    ours, theirs = top1.head_dir, griffin.head_dir
+    made_by = [json.loads((ours / f"stage-{i}/head.json").read_text())["provenance"]["head"] for i in (1, 2, 3)]
+    assert made_by == ["griffin", "griffin_top1", "griffin_top1"]  # stage 1 copied, not retrained
+    assert (ours / "stage-1/head.safetensors").read_bytes() == (theirs / "stage-1/head.safetensors").read_bytes()
+    assert (ours / "stage-2/head.safetensors").read_bytes() != (theirs / "stage-2/head.safetensors").read_bytes()
+    history, source = (json.loads((d / "history.json").read_text()) for d in (ours, theirs))
+    assert history["1"] == source["1"] and history["2"] != source["2"] and sorted(history) == ["1", "2", "3"]
+    # another stage-1 learning rate: nothing to share, stage 1 is trained
+    other = HeadPipeline(heads_cfg(tmp_path, "head.name=griffin_lr", "stage=train", "train_stage=1",
+                                   "head.train.stages=[{passes:1,epochs:2,lr:1e-3},{passes:2,epochs:1,lr:1e-3}]"))
+    other.run("train")
+    assert (other.head_dir / "stage-1/head.safetensors").read_bytes() != \
+        (theirs / "stage-1/head.safetensors").read_bytes()
+
+
+def test_a_stage_depends_on_alignment_settings_only_once_a_stage_has_two_passes():
+    identity = {"head": {"kind": "griffin"}, "data": "data-1", "train": {
+        "align_top_k": 3, "topk_loss_weight": 0.5, "lr_note": 1,
+        "stages": [{"passes": 1, "epochs": 2, "lr": 5e-4}, {"passes": 2, "epochs": 1, "lr": 2e-4}]}}
+    top5 = {**identity, "train": {**identity["train"], "align_top_k": 5}}
+    assert stage_identity(identity, 1) == stage_identity(top5, 1)
+    assert stage_identity(identity, 2) != stage_identity(top5, 2)
+    assert stage_identity({**identity, "data": "data-2"}, 1) != stage_identity(identity, 1)
+    assert stage_identity({**identity, "head": {"kind": "eagle"}}, 1) != stage_identity(identity, 1)
+    longer = {**identity, "train": {**identity["train"], "stages": identity["train"]["stages"] + [
+        {"passes": 3, "epochs": 1, "lr": 2e-4}]}}
+    assert stage_identity(longer, 2) == stage_identity(identity, 2)  # later stages do not matter
+    first_two_passes = {**identity, "train": {**identity["train"], "stages": [{"passes": 2, "epochs": 2, "lr": 5e-4}]}}
+    assert stage_identity(first_two_passes, 1) != stage_identity({**first_two_passes, "train": {
+        **first_two_passes["train"], "align_top_k": 5}}, 1)

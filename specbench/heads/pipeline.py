@@ -35,8 +35,8 @@ from .artifact import CONFIG_FILE, WEIGHTS_FILE, load_local, save_head
 from .extract import extract, load_sequences
 from .model import DraftHead, HeadConfig, TargetParts, parameter_count
 from .sharegpt import package_file, training_conversations
-from .train import (StageRun, TrainSettings, check_predecessor, draft_vocabulary, evaluate, split, target_to_draft,
-                    write_json)
+from .train import (StageRun, TrainSettings, check_predecessor, draft_vocabulary, evaluate, keep_freed_memory,
+                    split, target_to_draft, write_json)
 
 STAGES = ("extract", "train", "evaluate")
 ANSWERS = ("target", "dataset")  # data.answers: the target's greedy regeneration, or the conversations' replies
@@ -158,6 +158,8 @@ class HeadPipeline:
         todo = [i for i in indices if not (self.head_dir / f"stage-{i}" / CONFIG_FILE).exists()]
         for index in sorted(set(indices) - set(todo)):
             log(f"[heads] stage {index}: done ({self.head_dir / f'stage-{index}'})")
+        while todo and self._reuse_stage(todo[0], identity):
+            todo.pop(0)
         if todo:  # the target loads only when a stage is left to train, and after its predecessor is found
             check_predecessor(self.head_dir, todo[0])
             self._train_stages(todo)
@@ -169,6 +171,7 @@ class HeadPipeline:
             log(f"[heads] final head: {self.head_dir} (method.head={self.head_dir})")
 
     def _train_stages(self, indices: list[int]) -> None:
+        keep_freed_memory()
         sequences = load_sequences(self.data_dir)
         pair = self.pair
         target = pair.target
@@ -192,6 +195,31 @@ class HeadPipeline:
                                                                    time.perf_counter() - began))
             (stage_dir / "partial.pt").unlink(missing_ok=True)
             log(f"[heads] stage {index}: saved {stage_dir} ({parameter_count(head) / 1e6:.1f} M parameters)")
+
+    def _reuse_stage(self, index: int, identity: dict) -> bool:
+        """Copy stage ``index`` from a sibling head whose training up to that stage is the same as this one's
+        (``stage_identity``): GRIFFIN's ablations (top-k, w/o TAT) share stage 1 with griffin. The copy is what
+        training would have made (same data, settings and seeds); its head.json still names the head it came from."""
+        if index > 1 and not (self.head_dir / f"stage-{index - 1}" / CONFIG_FILE).exists():
+            return False
+        wanted = stage_identity(identity, index)
+        for sibling in sorted(self.base.iterdir()) if self.base.is_dir() else []:
+            source, marker = sibling / f"stage-{index}", sibling / "train.json"
+            if sibling == self.head_dir or not ((source / CONFIG_FILE).exists() and marker.exists()):
+                continue
+            if stage_identity(json.loads(marker.read_text()), index) != wanted:
+                continue
+            target = self.head_dir / f"stage-{index}"
+            shutil.rmtree(target, ignore_errors=True)  # a partial.pt of our own: the copy replaces it
+            shutil.copytree(source, target.with_name(target.name + ".tmp"), dirs_exist_ok=True)
+            target.with_name(target.name + ".tmp").replace(target)
+            history = self._history()
+            history[str(index)] = json.loads((sibling / "history.json").read_text()).get(str(index), []) \
+                if (sibling / "history.json").exists() else []
+            write_json(self.head_dir / "history.json", history)
+            log(f"[heads] stage {index}: the same training as {source}; copied, not retrained")
+            return True
+        return False
 
     def _history(self) -> dict:
         path = self.head_dir / "history.json"
@@ -229,6 +257,21 @@ class HeadPipeline:
 
 # HeadConfig fields a head config may set
 HEAD_OPTIONS = ("intermediate_size", "draft_vocab_size", "fusion", "dual", "tgf_width", "tgf_second", "fc_bias")
+
+
+# train settings that act only in passes >= 2: a stage whose stages so far all have one pass does not depend on them
+MULTI_PASS_SETTINGS = ("align_top_k", "topk_loss_weight", "topk_loss_k")
+
+
+def stage_identity(identity: dict, index: int) -> dict:
+    """What a head's stage ``index`` depends on (``train_identity`` cut to it): its architecture and data, the
+    stages up to ``index``, and the other training settings, less MULTI_PASS_SETTINGS while every stage so far
+    has one pass."""
+    train = dict(identity["train"])
+    stages = list(train.pop("stages"))[:index]
+    if all(stage["passes"] == 1 for stage in stages):
+        train = {k: v for k, v in train.items() if k not in MULTI_PASS_SETTINGS}
+    return {**identity, "train": {**train, "stages": stages}}
 
 
 def answer_coverage(sequences: list[dict], draft_ids) -> float:
