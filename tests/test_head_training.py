@@ -16,8 +16,8 @@ from specbench.heads.extract import (answer_eos, extract, generate_with_features
                                      prefill_with_features, with_answer)
 from specbench.heads.model import DraftHead, HeadConfig, TargetParts
 from specbench.heads.pipeline import HeadPipeline, stage_identity
-from specbench.heads.train import (Stage, StageRun, TrainSettings, batches, draft_vocabulary, pass_losses,
-                                   target_to_draft)
+from specbench.heads.train import (Stage, StageRun, TrainSettings, batches, draft_vocabulary, flushed_denormals,
+                                   pass_losses, target_to_draft)
 from specbench.models.tiny import build_tiny_pair
 
 from .conftest import ROOT
@@ -330,3 +330,11 @@ def test_a_stage_depends_on_alignment_settings_only_once_a_stage_has_two_passes(
     first_two_passes = {**identity, "train": {**identity["train"], "stages": [{"passes": 2, "epochs": 2, "lr": 5e-4}]}}
     assert stage_identity(first_two_passes, 1) != stage_identity({**first_two_passes, "train": {
         **first_two_passes["train"], "align_top_k": 5}}, 1)
+
+
+def test_training_flushes_denormals_and_restores_the_setting():
+    tiny = torch.tensor([1e-39])  # a denormal float32
+    assert float(tiny * 1.0) > 0
+    with flushed_denormals():
+        assert float(tiny * 1.0) == 0.0
+    assert float(tiny * 1.0) > 0

@@ -23,6 +23,7 @@ import json
 import math
 import random
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -213,6 +214,20 @@ def pass_losses(head: DraftHead, parts: TargetParts, batch: Batch, passes: int, 
     return total, stats
 
 
+@contextmanager
+def flushed_denormals():
+    """Flush denormal floats to zero while training: once a head has learned, most of its log-probabilities over
+    the draft vocabulary are so negative that softmax's exp(·) and its gradients land below 1.2e-38, and x86
+    computes on such denormals ~100x slower. Measured on the embedded target's GRIFFIN head (stage 2 from the
+    trained stage 1, 2 passes, 12 steps): backward 2.3-19.5 s per step without, 2.3-3.8 s with; random heads
+    (flat distributions) do not show it. Numerically: values under 1.2e-38 become 0."""
+    torch.set_flush_denormal(True)
+    try:
+        yield
+    finally:
+        torch.set_flush_denormal(False)
+
+
 def keep_freed_memory() -> bool:
     """Ask glibc's malloc to keep freed memory instead of handing it back to the OS (no mmap'd chunks, trim only
     past 1 GiB): each training step frees and re-allocates the same (R, V_d) logits buffers, ~130 MB each, and
@@ -259,6 +274,12 @@ class StageRun:
         start = self._resume(optimizer, generator)
         last_save = time.monotonic()
         self.head.train()
+        with flushed_denormals():
+            self._steps(plan, start, optimizer, generator, last_save)
+        self.head.eval()
+        return self.history
+
+    def _steps(self, plan: list[Batch], start: int, optimizer, generator, last_save: float) -> None:
         for step in range(start, len(plan)):
             for group in optimizer.param_groups:
                 group["lr"] = learning_rate(step, len(plan), self.stage, self.settings.warmup_steps)
@@ -278,8 +299,6 @@ class StageRun:
             if time.monotonic() - last_save > self.settings.checkpoint_seconds and step + 1 < len(plan):
                 self._save_partial(optimizer, generator, step + 1)
                 last_save = time.monotonic()
-        self.head.eval()
-        return self.history
 
     @property
     def partial(self) -> Path:
@@ -313,7 +332,8 @@ def evaluate(head: DraftHead, parts: TargetParts, sequences: list[dict], setting
     head.eval()
     totals = [{"positions": 0.0, "top1": 0.0, "in_top_k": 0.0} for _ in range(passes)]
     for batch in batches(sequences, settings, t2d, seed=0):
-        _, stats = pass_losses(head, parts, batch, passes, settings, None, train=False)
+        with flushed_denormals():
+            _, stats = pass_losses(head, parts, batch, passes, settings, None, train=False)
         for total, s in zip(totals, stats):
             for key in total:
                 total[key] += s[key]
