@@ -35,8 +35,8 @@ from .artifact import CONFIG_FILE, WEIGHTS_FILE, load_local, save_head
 from .extract import extract, load_sequences
 from .model import DraftHead, HeadConfig, TargetParts, parameter_count
 from .sharegpt import package_file, training_conversations
-from .train import (StageRun, TrainSettings, check_predecessor, draft_vocabulary, evaluate, keep_freed_memory,
-                    split, target_to_draft, write_json)
+from .train import (StageRun, TrainSettings, check_predecessor, draft_vocabulary, evaluate, flushed_denormals,
+                    keep_freed_memory, split, target_to_draft, write_json)
 
 STAGES = ("extract", "train", "evaluate")
 ANSWERS = ("target", "dataset")  # data.answers: the target's greedy regeneration, or the conversations' replies
@@ -115,9 +115,11 @@ class HeadPipeline:
     # -- stages -------------------------------------------------------------------------------------------
     def run(self, stage: str) -> None:
         torch.set_num_threads(self.settings.threads or torch.get_num_threads())
-        for name in STAGES:
-            if stage in (name, "all"):
-                getattr(self, name)()
+        # entered before the model loads: the CPU thread pool the first parallel operation creates inherits it
+        with flushed_denormals():
+            for name in STAGES:
+                if stage in (name, "all"):
+                    getattr(self, name)()
 
     def evaluation_prompts(self) -> list[str]:
         texts = []

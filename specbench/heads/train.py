@@ -23,6 +23,7 @@ import json
 import math
 import random
 import time
+import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -220,12 +221,25 @@ def flushed_denormals():
     the draft vocabulary are so negative that softmax's exp(·) and its gradients land below 1.2e-38, and x86
     computes on such denormals ~100x slower. Measured on the embedded target's GRIFFIN head (stage 2 from the
     trained stage 1, 2 passes, 12 steps): backward 2.3-19.5 s per step without, 2.3-3.8 s with; random heads
-    (flat distributions) do not show it. Numerically: values under 1.2e-38 become 0."""
+    (flat distributions) do not show it. Numerically: values under 1.2e-38 become 0.
+
+    The setting is per thread, and a thread inherits it from the thread that creates it: here it reaches the
+    calling thread only, so the pipeline enters it before the first parallel operation creates torch's worker
+    threads (HeadPipeline.run); entered after that, the workers keep computing on denormals. Re-entrant."""
+    global _flushing
+    _flushing += 1
+    # numpy's finfo, first computed under the flush, warns that float32's smallest subnormal is 0: it is, here
+    warnings.filterwarnings("ignore", message="The value of the smallest subnormal", category=UserWarning)
     torch.set_flush_denormal(True)
     try:
         yield
     finally:
-        torch.set_flush_denormal(False)
+        _flushing -= 1
+        if not _flushing:  # the outermost one restores it
+            torch.set_flush_denormal(False)
+
+
+_flushing = 0  # flushed_denormals() contexts open
 
 
 def keep_freed_memory() -> bool:
