@@ -212,9 +212,11 @@ class HeadPipeline:
             if stage_identity(json.loads(marker.read_text()), index) != wanted:
                 continue
             target = self.head_dir / f"stage-{index}"
-            shutil.rmtree(target, ignore_errors=True)  # a partial.pt of our own: the copy replaces it
-            shutil.copytree(source, target.with_name(target.name + ".tmp"), dirs_exist_ok=True)
-            target.with_name(target.name + ".tmp").replace(target)
+            staging = target.with_name(target.name + ".tmp")
+            for stale in (target, staging):  # a partial.pt of our own, a copy a crash left: the copy replaces them
+                shutil.rmtree(stale, ignore_errors=True)
+            shutil.copytree(source, staging)
+            staging.replace(target)
             history = self._history()
             history[str(index)] = json.loads((sibling / "history.json").read_text()).get(str(index), []) \
                 if (sibling / "history.json").exists() else []

@@ -345,12 +345,12 @@ def evaluate(head: DraftHead, parts: TargetParts, sequences: list[dict], setting
     top-k is the target's token. A chain's expected accepted length is roughly Σ_d Π_{p≤d} top-1_p."""
     head.eval()
     totals = [{"positions": 0.0, "top1": 0.0, "in_top_k": 0.0} for _ in range(passes)]
-    for batch in batches(sequences, settings, t2d, seed=0):
-        with flushed_denormals():
+    with flushed_denormals():
+        for batch in batches(sequences, settings, t2d, seed=0):
             _, stats = pass_losses(head, parts, batch, passes, settings, None, train=False)
-        for total, s in zip(totals, stats):
-            for key in total:
-                total[key] += s[key]
+            for total, s in zip(totals, stats):
+                for key in total:
+                    total[key] += s[key]
     rows = [{"depth": i + 1, "positions": int(t["positions"]),
              "top1": t["top1"] / max(t["positions"], 1), "top_k": t["in_top_k"] / max(t["positions"], 1)}
             for i, t in enumerate(totals)]
