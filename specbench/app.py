@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 from hydra.errors import InstantiationException
-from hydra.utils import instantiate
+from hydra.utils import get_object, instantiate
 from omegaconf import DictConfig, OmegaConf
 from transformers.utils import logging as transformers_logging
 
@@ -106,6 +106,20 @@ def check_resolution(specs: list[RunSpec], examples, precision, threads: int) ->
                     "you mean explicitly.")
 
 
+def needs_draft_model(cfg: DictConfig) -> bool:
+    """Whether the measured method or its baseline drafts with the pair's draft model (``needs_draft`` of the
+    class a ``_target_`` names; a target that does not say is assumed to). When neither does, the pair loads
+    without it: feature-head, n-gram and greedy runs leave ~1 GB (embedded) to a 7B draft's weights unloaded."""
+    for node in (cfg.method, cfg.baseline):
+        try:
+            target = get_object(node._target_)
+        except Exception:  # noqa: BLE001 -- build() names a bad _target_ with its key; here: assume a draft
+            return True
+        if getattr(target, "needs_draft", True):
+            return True
+    return False
+
+
 def engine_of(cfg: DictConfig):
     """The ``engine`` node built (a settings object: nothing starts); engine=hf when the config has none."""
     if cfg.get("engine") is None:
@@ -145,7 +159,8 @@ def measure(cfg: DictConfig, spec: RunSpec, pair=None) -> dict:
     check_resolution([spec, base_spec], examples, precision_of_config(cfg.model), threads)
     if not cfg.runner.progress:
         transformers_logging.disable_progress_bar()  # the weight-loading bars too
-    pair = pair if pair is not None else build(cfg.model, "model")
+    if pair is None:
+        pair = build(cfg.model, "model", **({} if needs_draft_model(cfg) else {"load_draft": False}))
     sampling = OmegaConf.to_container(cfg.sampling, resolve=True)
     tracker = build(cfg.logger, "logger") if cfg.get("logger") else None
     config = OmegaConf.to_container(cfg, resolve=True)

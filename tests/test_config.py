@@ -5,7 +5,7 @@ from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
-from specbench.app import build, spec_for
+from specbench.app import build, needs_draft_model, spec_for
 from specbench.config_check import check_components, check_settings
 from specbench.errors import ConfigError
 from specbench.heads.artifact import save_head
@@ -23,6 +23,16 @@ def options(group: str) -> list[str]:
 def composed(*overrides):
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         return compose(config_name="config", overrides=list(overrides))
+
+
+@pytest.mark.parametrize("method, drafts", [
+    ("speculative", True), ("specinfer", True), ("ouroboros", True), ("hf_assisted", True), ("disco", True),
+    ("greedy", False), ("eagle", False), ("griffin", False), ("prompt_lookup", False), ("lookahead", False)])
+def test_the_draft_model_loads_only_for_a_method_or_baseline_that_drafts_with_it(method, drafts):
+    assert needs_draft_model(composed(f"method={method}")) is drafts
+    assert needs_draft_model(composed(f"method={method}", "method@baseline=speculative")) is True
+    pair = build(composed("model=tiny_llama").model, "model", load_draft=False)
+    assert pair.draft is None and pair.info["draft"] is None
 
 
 @pytest.mark.parametrize("group", ["model", "data", "method", "logger"])

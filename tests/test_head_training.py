@@ -273,7 +273,9 @@ def test_a_stage_without_its_predecessor_is_refused(tmp_path):
 
 def test_pipeline_end_to_end_then_griffin_decodes_with_the_trained_head(tmp_path):
     cfg = heads_cfg(tmp_path)
-    HeadPipeline(cfg).run("all")
+    pipeline = HeadPipeline(cfg)
+    pipeline.run("all")
+    assert pipeline.pair.draft is None  # the pipeline never drafts with the pair's draft model: not loaded
     head_dir = tmp_path / "runs" / "heads" / "tiny-llama" / "griffin"
     meta = json.loads((head_dir / "head.json").read_text())
     assert meta["provenance"]["stage"] == 3 and meta["config"]["draft_vocab_size"] == 120

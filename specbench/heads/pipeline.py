@@ -109,7 +109,7 @@ class HeadPipeline:
     @property
     def pair(self):
         if self._pair is None:
-            self._pair = app.build(self.model_cfg, "model")
+            self._pair = app.build(self.model_cfg, "model", load_draft=False)  # the head drafts: target only
         return self._pair
 
     # -- stages -------------------------------------------------------------------------------------------

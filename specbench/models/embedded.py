@@ -132,7 +132,9 @@ def prepare(spec: PackagedGGUF, dtype: str = "float32", root: Path | None = None
 
 
 def load_embedded_pair(name: str, dtype: str = "auto", device: str = "cpu", chat_template: bool = True,
-                       attn_implementation: str | None = None, linear_kernel: str = "auto", **_) -> ModelPair:
+                       attn_implementation: str | None = None, linear_kernel: str = "auto", load_draft: bool = True,
+                       **_) -> ModelPair:
+    """The embedded pair; load_draft=False leaves its draft unloaded (no method of the run uses it, ~1 GB)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     precision = resolve_precision(dtype, device, linear_kernel)  # bad values fail here, before any weights load
@@ -140,14 +142,16 @@ def load_embedded_pair(name: str, dtype: str = "auto", device: str = "cpu", chat
     kwargs = {"dtype": precision.torch_dtype}
     if attn_implementation:
         kwargs["attn_implementation"] = attn_implementation
-    dirs = {spec.role: prepare(spec, precision.dtype) for spec in (TARGET, DRAFT)}
+    dirs = {spec.role: prepare(spec, precision.dtype) for spec in ((TARGET, DRAFT) if load_draft else (TARGET,))}
     target = prepare_for_inference(AutoModelForCausalLM.from_pretrained(dirs["target"], **kwargs), device, precision)
-    draft = prepare_for_inference(AutoModelForCausalLM.from_pretrained(dirs["draft"], **kwargs), device, precision)
+    draft = (prepare_for_inference(AutoModelForCausalLM.from_pretrained(dirs["draft"], **kwargs), device, precision)
+             if load_draft else None)
     tokenizer = AutoTokenizer.from_pretrained(dirs["target"])
     return ModelPair(
         name=name, target=target, draft=draft, tokenizer=tokenizer, eos_ids=eos_ids_of(tokenizer, target),
         precision=precision, chat_template=chat_template,
-        info={"target": f"{TARGET.upstream} ({TARGET.filename})", "draft": f"{DRAFT.upstream} ({DRAFT.filename})",
+        info={"target": f"{TARGET.upstream} ({TARGET.filename})",
+              "draft": f"{DRAFT.upstream} ({DRAFT.filename})" if load_draft else None,
               "attn_implementation": attention_of(target)},
     )
 

@@ -29,7 +29,10 @@ def _load(role: str, name: str, model_id: str, local_files_only: bool, **kwargs)
 def load_hub_pair(name: str, target: str, draft: str | None, dtype: str = "auto", device_map: str | None = "auto",
                   trust_remote_code: bool = False, local_files_only: bool = True, chat_template: bool = False,
                   attn_implementation: str | None = None, tokenizer: str | None = None,
-                  eos_token_ids: list[int] | None = None, linear_kernel: str = "auto", **_) -> ModelPair:
+                  eos_token_ids: list[int] | None = None, linear_kernel: str = "auto", load_draft: bool = True,
+                  **_) -> ModelPair:
+    """A pair loaded by hub id or local directory; load_draft=False leaves the draft unloaded (no method of the
+    run uses it: ``app.needs_draft_model``)."""
     from transformers import AutoTokenizer
 
     precision = resolve_precision(dtype, placement_device(device_map), linear_kernel)
@@ -50,10 +53,11 @@ def load_hub_pair(name: str, target: str, draft: str | None, dtype: str = "auto"
         ) from exc
     target_model = prepare_for_inference(_load("target", name, target, local_files_only, **kwargs), precision=precision)
     draft_model = (prepare_for_inference(_load("draft", name, draft, local_files_only, **kwargs), precision=precision)
-                   if draft else None)
+                   if draft and load_draft else None)
     return ModelPair(
         name=name, target=target_model, draft=draft_model, tokenizer=tok,
         eos_ids=eos_ids_of(tok, target_model, extra=eos_token_ids or ()), precision=precision,
         chat_template=chat_template,
-        info={"target": target, "draft": draft, "attn_implementation": attention_of(target_model)},
+        info={"target": target, "draft": draft if draft_model is not None else None,
+              "attn_implementation": attention_of(target_model)},
     )

@@ -69,19 +69,22 @@ def perturbed_copy(model: torch.nn.Module, noise: float, seed: int) -> torch.nn.
 def build_tiny_pair(name: str = "tiny-llama", arch: str = "llama", hidden_size: int = 64, layers: int = 2,
                     seed: int = 0, draft_noise: float = 0.05, init_range: float = 0.2, dtype: str = "float32",
                     device: str = "cpu", chat_template: bool = False, linear_kernel: str = "auto",
-                    lm_head_ties: list | None = None, **_) -> ModelPair:
+                    lm_head_ties: list | None = None, load_draft: bool = True, **_) -> ModelPair:
     """lm_head_ties: [[a, b], ...] copies token a's output row onto token b's, so the two always tie exactly
-    (a hand-made near-tie for testing the losslessness classification)."""
+    (a hand-made near-tie for testing the losslessness classification). load_draft=False: no draft (no method
+    of the run uses it; ``app.needs_draft_model``)."""
     require(draft_noise >= 0, "model.draft_noise", f"must be >= 0, got {draft_noise}")
     precision = resolve_precision(dtype, device, linear_kernel)
     tok = byte_tokenizer()
     target = tiny_model(arch, len(tok), hidden_size, layers, seed, init_range, tok)
     tie_output_rows(target, lm_head_ties or [])
-    draft = perturbed_copy(target, draft_noise, seed + 1)
-    target, draft = (prepare_for_inference(m.to(precision.torch_dtype), device, precision) for m in (target, draft))
+    draft = perturbed_copy(target, draft_noise, seed + 1) if load_draft else None
+    target, draft = (prepare_for_inference(m.to(precision.torch_dtype), device, precision) if m is not None else None
+                     for m in (target, draft))
     return ModelPair(
         name=name, target=target, draft=draft, tokenizer=tok, eos_ids={tok.eos_token_id}, precision=precision,
         chat_template=chat_template,
-        info={"target": f"tiny-{arch}-random(seed={seed})", "draft": f"target+noise({draft_noise})",
+        info={"target": f"tiny-{arch}-random(seed={seed})",
+              "draft": f"target+noise({draft_noise})" if load_draft else None,
               "attn_implementation": attention_of(target)},
     )
