@@ -109,15 +109,9 @@ def check_resolution(specs: list[RunSpec], examples, precision, threads: int) ->
 def needs_draft_model(cfg: DictConfig) -> bool:
     """Whether the measured method or its baseline drafts with the pair's draft model (``needs_draft`` of the
     class a ``_target_`` names; a target that does not say is assumed to). When neither does, the pair loads
-    without it: feature-head, n-gram and greedy runs leave ~1 GB (embedded) to a 7B draft's weights unloaded."""
-    for node in (cfg.method, cfg.baseline):
-        try:
-            target = get_object(node._target_)
-        except Exception:  # noqa: BLE001 -- build() names a bad _target_ with its key; here: assume a draft
-            return True
-        if getattr(target, "needs_draft", True):
-            return True
-    return False
+    without it: feature-head, n-gram and greedy runs leave ~1 GB (embedded) to a 7B draft's weights unloaded.
+    Both targets resolve here: ``check_components`` has built each before any run reaches ``measure``."""
+    return any(getattr(get_object(node._target_), "needs_draft", True) for node in (cfg.method, cfg.baseline))
 
 
 def engine_of(cfg: DictConfig):

@@ -31,8 +31,12 @@ def composed(*overrides):
 def test_the_draft_model_loads_only_for_a_method_or_baseline_that_drafts_with_it(method, drafts):
     assert needs_draft_model(composed(f"method={method}")) is drafts
     assert needs_draft_model(composed(f"method={method}", "method@baseline=speculative")) is True
+
+
+def test_a_pair_built_without_its_draft_has_none():
     pair = build(composed("model=tiny_llama").model, "model", load_draft=False)
     assert pair.draft is None and pair.info["draft"] is None
+    assert build(composed("model=tiny_llama").model, "model").draft is not None
 
 
 @pytest.mark.parametrize("group", ["model", "data", "method", "logger"])

@@ -78,9 +78,9 @@ def build_tiny_pair(name: str = "tiny-llama", arch: str = "llama", hidden_size: 
     tok = byte_tokenizer()
     target = tiny_model(arch, len(tok), hidden_size, layers, seed, init_range, tok)
     tie_output_rows(target, lm_head_ties or [])
-    draft = perturbed_copy(target, draft_noise, seed + 1) if load_draft else None
-    target, draft = (prepare_for_inference(m.to(precision.torch_dtype), device, precision) if m is not None else None
-                     for m in (target, draft))
+    draft = (prepare_for_inference(perturbed_copy(target, draft_noise, seed + 1).to(precision.torch_dtype), device,
+                                   precision) if load_draft else None)
+    target = prepare_for_inference(target.to(precision.torch_dtype), device, precision)
     return ModelPair(
         name=name, target=target, draft=draft, tokenizer=tok, eos_ids={tok.eos_token_id}, precision=precision,
         chat_template=chat_template,
