@@ -105,7 +105,9 @@ def fingerprint(model) -> str:
 def noise_cache_path(pair, threads: int) -> Path:
     from .models.embedded import cache_root
 
-    identity = {"pair": pair.name, "info": pair.info, "precision": pair.precision.as_record(), "threads": threads,
+    # the profile is the target's alone: what the pair says of its draft (loaded or not) must not split the cache
+    target_info = {key: value for key, value in pair.info.items() if key not in ("draft", "vocabularies")}
+    identity = {"pair": pair.name, "info": target_info, "precision": pair.precision.as_record(), "threads": threads,
                 "torch": torch.__version__, "device": str(pair.device), "device_name": device_name(pair.device),
                 "weights": fingerprint(pair.target)}
     digest = hashlib.sha1(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:16]

@@ -5,7 +5,7 @@ import pytest
 
 from specbench.decoding.cached_lm import CachedLM
 from specbench.decoding.generation import Generation, finalize_tokens, is_finished
-from specbench.lossless import MISMATCH, NEAR_TIE, LosslessCheck, measure_noise
+from specbench.lossless import MISMATCH, NEAR_TIE, LosslessCheck, measure_noise, noise_cache_path
 from specbench.methods.base import DecodingMethod, NoTimeline
 from specbench.methods.greedy import Greedy
 from specbench.models.tiny import build_tiny_pair
@@ -50,6 +50,12 @@ class ThirdTokenBug(Greedy):
 @pytest.fixture(scope="module")
 def tied_pair():
     return build_tiny_pair(name="tiny-tied", arch="llama", lm_head_ties=PAIRED_TIES)
+
+
+def test_the_noise_cache_is_the_targets_whether_or_not_the_draft_loaded():
+    with_draft, without = build_tiny_pair(), build_tiny_pair(load_draft=False)
+    assert noise_cache_path(with_draft, 2) == noise_cache_path(without, 2)
+    assert noise_cache_path(with_draft, 2) != noise_cache_path(build_tiny_pair(seed=1), 2)  # another target
 
 
 def test_noise_profile_is_measured_small_and_nonnegative(tiny_llama):
