@@ -260,6 +260,16 @@ def test_data_from_the_conversations_replies_is_its_own_directory(tmp_path):
         HeadPipeline(heads_cfg(tmp_path, "data.answers=gpt4"))
 
 
+def test_a_topic_pattern_is_part_of_the_datas_identity_and_checked_before_loading(tmp_path):
+    every = HeadPipeline(heads_cfg(tmp_path))
+    assert "match" not in every.data_identity()  # null, the value before the option: older directories keep their hash
+    code = HeadPipeline(heads_cfg(tmp_path, "data.match='(?i)\\bpython\\b|```'"))
+    assert code.data_identity()["match"] == "(?i)\\bpython\\b|```" and code.data_dir != every.data_dir
+    with pytest.raises(ConfigError, match=r"^heads\.data\.match: '\(python' is not a regular expression"):
+        HeadPipeline(heads_cfg(tmp_path, "data.match='(python'"))
+    assert every._pair is None and code._pair is None
+
+
 def test_a_stage_without_its_predecessor_is_refused(tmp_path):
     cfg = heads_cfg(tmp_path, "stage=train", "train_stage=2")
     pipeline = HeadPipeline(cfg)

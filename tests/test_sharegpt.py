@@ -70,3 +70,13 @@ def test_training_conversations_bring_clean_replies_when_asked(tmp_path):
     assert [a for _, a in pairs] == [f"Topic {i} is about consensus and replication" for i in range(6)]
     assert len(training_conversations(path, limit=100, evaluation_prompts=[EVAL])) == 9  # prompts alone: all 9
     assert all(a is None for _, a in training_conversations(path, limit=100, evaluation_prompts=[EVAL]))
+
+
+def test_a_topic_pattern_keeps_only_the_first_turns_it_is_found_in(tmp_path):
+    items = [conversation(i, f"Write a python function that sorts list number {i}") for i in range(4)]
+    items += [conversation(4 + i, f"Tell me a story about the harbour and boat number {i}") for i in range(4)]
+    path = write_cut(tmp_path / "s.json", items)
+    code = training_prompts(path, limit=100, evaluation_prompts=[EVAL], match=r"(?i)\bPYTHON\b")
+    assert code == [f"Write a python function that sorts list number {i}" for i in range(4)]
+    assert len(training_prompts(path, limit=100, evaluation_prompts=[EVAL])) == 8  # no pattern: every turn
+    assert training_prompts(path, limit=100, evaluation_prompts=[EVAL], match="haskell") == []

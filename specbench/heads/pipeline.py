@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import shutil
 import sys
 import time
@@ -45,12 +46,24 @@ INITS = ("random", "target_layer")  # head.init: noise, or the target's last dec
 
 # options added after data and heads were first made, at the value everything had before them: left out of the
 # identities, so a data directory or head made before an option existed keeps its hash
-PRE_OPTION_VALUES = {"answers": "target", "init": "random"}
+PRE_OPTION_VALUES = {"answers": "target", "init": "random", "match": None}
 
 
 def identity_items(settings: dict, skip=()) -> dict:
     return {k: v for k, v in settings.items()
             if k not in skip and not (k in PRE_OPTION_VALUES and PRE_OPTION_VALUES[k] == v)}
+
+
+def check_pattern(match) -> None:
+    """data.match: null, or a regular expression the training prompts' first turns must contain."""
+    if match is None:
+        return
+    require(isinstance(match, str) and match, "heads.data.match",
+            f"must be null or a non-empty regular expression, got {match!r}")
+    try:
+        re.compile(match)
+    except re.error as exc:
+        raise ConfigError(f"heads.data.match: {match!r} is not a regular expression ({exc})") from None
 
 
 def digest(data) -> str:
@@ -71,6 +84,7 @@ class HeadPipeline:
         require(cfg.stage in STAGES + ("all",), "stage", f"must be one of {list(STAGES) + ['all']}, got {cfg.stage!r}")
         answers = cfg.data.get("answers", "target")
         require(answers in ANSWERS, "heads.data.answers", f"must be one of {list(ANSWERS)}, got {answers!r}")
+        check_pattern(cfg.data.get("match"))
         self.head_cfg = plain(cfg.head)
         for key in ("name", "kind", "train"):
             require(key in self.head_cfg, f"head.{key}", "missing from the head config (conf/head/*.yaml)")
@@ -136,7 +150,7 @@ class HeadPipeline:
         require(path.is_file(), "heads.data.path", f"{path} does not exist (a ShareGPT-format JSON file)")
         given = self.data.get("answers", "target") == "dataset"
         chosen = training_conversations(path, self.data["prompts"], self.evaluation_prompts(),
-                                        self.data.get("seed", 0), answers=given)
+                                        self.data.get("seed", 0), answers=given, match=self.data.get("match"))
         ids = [hashlib.sha1(t.encode()).hexdigest()[:12] for t, _ in chosen]
         prompts = [(pid, t, a) if given else (pid, t) for pid, (t, a) in zip(ids, chosen)]
         source = "the conversations' own replies" if given else "the target regenerates them (greedy)"

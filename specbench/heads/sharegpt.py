@@ -78,12 +78,15 @@ class Contamination:
 
 def training_conversations(path: Path, limit: int, evaluation_prompts: Iterable[str], seed: int = 0,
                            min_chars: int = 16, max_chars: int = 4000,
-                           answers: bool = False) -> list[tuple[str, str | None]]:
+                           answers: bool = False, match: str | None = None) -> list[tuple[str, str | None]]:
     """``limit`` (first human turn, the reply after it) pairs: turns min_chars..max_chars long, deduplicated, none
-    overlapping an evaluation prompt; a seeded sample in file order, so the same arguments give the same pairs.
+    overlapping an evaluation prompt, and (with ``match``, a regular expression) only turns it is found in — a
+    topic's share of ShareGPT, e.g. its programming questions; a seeded sample in file order, so the same
+    arguments give the same pairs.
     The reply is None unless ``answers``, which also drops conversations without a reply (or one under
     min_chars) and those whose reply overlaps an evaluation prompt."""
     clean = Contamination(evaluation_prompts)
+    topic = re.compile(match) if match else None
     seen, pool = set(), []
     for conversation in conversations(path):
         turns = conversation.get("conversations") or []
@@ -91,6 +94,8 @@ def training_conversations(path: Path, limit: int, evaluation_prompts: Iterable[
         first = turns[at].get("value", "") if at is not None else ""
         key = " ".join(words(first))
         if not (min_chars <= len(first) <= max_chars) or key in seen or clean.overlaps(first):
+            continue
+        if topic is not None and not topic.search(first):
             continue
         reply = None
         if answers:
