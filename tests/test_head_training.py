@@ -4,6 +4,7 @@ stages that resume and refuse to start without their predecessor, and the pipeli
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
@@ -268,6 +269,9 @@ def test_a_topic_pattern_is_part_of_the_datas_identity_and_checked_before_loadin
     with pytest.raises(ConfigError, match=r"^heads\.data\.match: '\(python' is not a regular expression"):
         HeadPipeline(heads_cfg(tmp_path, "data.match='(python'"))
     assert every._pair is None and code._pair is None
+    named = re.compile(HeadPipeline(heads_cfg(tmp_path, "data.match=${topics.programming}")).data["match"])
+    assert named.search("How do I reverse a list in Python?") and named.search("Fix this:\n```\nx = 1\n```")
+    assert not named.search("Write a short poem about the sea at dawn")
 
 
 def test_a_stage_without_its_predecessor_is_refused(tmp_path):
