@@ -106,10 +106,9 @@ def noise_cache_path(pair, threads: int) -> Path:
     from .models.embedded import cache_root
 
     # the profile is the target's alone: what the pair says of its draft (loaded or not) must not split the cache
-    target_info = {key: value for key, value in pair.info.items() if key not in ("draft", "vocabularies")}
-    identity = {"pair": pair.name, "info": target_info, "precision": pair.precision.as_record(), "threads": threads,
-                "torch": torch.__version__, "device": str(pair.device), "device_name": device_name(pair.device),
-                "weights": fingerprint(pair.target)}
+    identity = {"pair": pair.name, "info": pair.target_info, "precision": pair.precision.as_record(),
+                "threads": threads, "torch": torch.__version__, "device": str(pair.device),
+                "device_name": device_name(pair.device), "weights": fingerprint(pair.target)}
     digest = hashlib.sha1(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:16]
     return cache_root() / "noise" / f"{pair.name}-{pair.dtype}-{digest}.json"
 

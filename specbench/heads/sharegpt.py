@@ -93,9 +93,9 @@ def training_conversations(path: Path, limit: int, evaluation_prompts: Iterable[
         at = next((k for k, t in enumerate(turns) if t.get("from") == "human"), None)
         first = turns[at].get("value", "") if at is not None else ""
         key = " ".join(words(first))
-        if not (min_chars <= len(first) <= max_chars) or key in seen or clean.overlaps(first):
+        if not (min_chars <= len(first) <= max_chars) or key in seen:
             continue
-        if topic is not None and not topic.search(first):
+        if (topic is not None and not topic.search(first)) or clean.overlaps(first):  # the cheap test first
             continue
         reply = None
         if answers:

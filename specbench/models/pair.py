@@ -11,6 +11,9 @@ from .cpu_linear import apply_linear_kernel
 from .precision import Precision
 
 
+DRAFT_INFO = ("draft", "vocabularies")  # the keys of ModelPair.info about the draft (loaders, check_vocabularies)
+
+
 @dataclass
 class ModelPair:
     name: str
@@ -24,6 +27,11 @@ class ModelPair:
 
     def __post_init__(self) -> None:
         check_vocabularies(self)
+
+    @property
+    def target_info(self) -> dict:
+        """``info`` less what it says of the draft (its id, whether it loaded, how the vocabularies differ)."""
+        return {key: value for key, value in self.info.items() if key not in DRAFT_INFO}
 
     @property
     def vocab_size(self) -> int:
