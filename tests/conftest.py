@@ -10,6 +10,8 @@ ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = Path(os.environ.get("SPECBENCH_EXTERNAL_DATA") or ROOT.parent / "shared" / "data")
 
 os.environ.setdefault("WANDB_MODE", "disabled")
+# the device the tiny pairs of the equivalence, tree and head tests run on: cuda checks the GPU code path
+TEST_DEVICE = os.environ.get("SPECBENCH_TEST_DEVICE", "cpu")
 
 
 @pytest.fixture(scope="session")

@@ -2,7 +2,6 @@
 sit on several devices (device_map=auto), and target/draft vocabularies of different sizes. With
 SPECBENCH_TEST_DEVICE=cuda the DISCO path runs on the GPU too."""
 import copy
-import os
 from types import SimpleNamespace
 
 import pytest
@@ -17,9 +16,10 @@ from specbench.methods.hf_assisted import HFAssisted
 from specbench.methods.speculative import SpeculativeDecoding
 from specbench.models.pair import ModelPair
 
+from .conftest import TEST_DEVICE
 from .test_equivalence import pair_for
 
-DEVICE = os.environ.get("SPECBENCH_TEST_DEVICE", "cpu")
+DEVICE = TEST_DEVICE  # SPECBENCH_TEST_DEVICE, e.g. cuda, to check the GPU code path
 
 
 def test_disco_features_follow_the_logits_device():

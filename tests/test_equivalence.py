@@ -3,7 +3,6 @@
 Random prompts, γ and budgets; EOS ids are picked from tokens greedy actually emits, so EOS lands
 inside drafts, and budgets small enough to end in the middle of a draft.
 """
-import os
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -14,8 +13,10 @@ from specbench.methods.hf_assisted import HFAssisted
 from specbench.methods.speculative import SpeculativeDecoding
 from specbench.models.tiny import build_tiny_pair
 
+from .conftest import TEST_DEVICE
+
 PAIRS = {}
-DEVICE = os.environ.get("SPECBENCH_TEST_DEVICE", "cpu")  # e.g. cuda, to check the GPU code path
+DEVICE = TEST_DEVICE  # SPECBENCH_TEST_DEVICE, e.g. cuda, to check the GPU code path
 
 
 def pair_for(arch: str, noise: float):

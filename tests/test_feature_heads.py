@@ -21,6 +21,7 @@ from specbench.methods.feature_head import FeatureHeadMethod
 from specbench.methods.greedy import Greedy
 from specbench.models.tiny import build_tiny_pair
 
+from .conftest import TEST_DEVICE
 from .distribution_helpers import (EOS, MAX_NEW, exact_sequence_distribution, goodness_of_fit, sample_generations,
                                    small_vocab_pair)
 
@@ -29,7 +30,7 @@ PAIRS = {}
 
 def tiny_pair(seed: int = 0):
     if seed not in PAIRS:
-        PAIRS[seed] = build_tiny_pair(name="tiny-llama", seed=seed)
+        PAIRS[seed] = build_tiny_pair(name="tiny-llama", seed=seed, device=TEST_DEVICE)
     return PAIRS[seed]
 
 
@@ -87,7 +88,8 @@ def test_target_features_are_the_final_norm_hidden_states_and_logits_are_lm_head
     ids = [5, 9, 14, 200, 31]
     logits = lm.forward(ids)
     assert torch.allclose(logits, plain.forward(ids), atol=1e-5)
-    hidden = pair.target(input_ids=torch.tensor([ids]), output_hidden_states=True).hidden_states[-1][0]
+    hidden = pair.target(input_ids=torch.tensor([ids], device=pair.device),
+                         output_hidden_states=True).hidden_states[-1][0]
     assert torch.allclose(lm.features_at(range(5)), hidden, atol=1e-5)
 
 
@@ -96,7 +98,8 @@ def test_target_features_are_the_final_norm_hidden_states_and_logits_are_lm_head
 def proposer(pair, directory, kind="eagle", top_k=3, depth=3, max_nodes=8, **options):
     from specbench.heads.artifact import load_local
     artifact = load_local(random_head(pair, kind, directory, **options))
-    return HeadTree(artifact.build(), TargetParts.of(pair.target, artifact.draft_ids), top_k, depth, max_nodes)
+    parts = TargetParts.of(pair.target, artifact.draft_ids)
+    return HeadTree(artifact.build(device=pair.device), parts, top_k, depth, max_nodes)
 
 
 def test_the_first_step_is_the_prefill_and_trees_are_tries_within_budget(tmp_path):
@@ -279,7 +282,7 @@ def test_a_published_eagle_checkpoint_loads_from_the_hub_cache_and_drafts(tmp_pa
     method = FeatureHeadMethod(pair, "eagle", head="someone/EAGLE-tiny", top_k=3, depth=3, max_nodes=8)
     assert method.identity["source"] == "someone/EAGLE-tiny"
     for name, value in head.state_dict().items():
-        assert torch.equal(method.head.state_dict()[name], value)
+        assert torch.equal(method.head.state_dict()[name].cpu(), value)
     prompt = [5, 9, 14, 200, 31]
     assert method.generate(prompt, 16, set()).tokens == Greedy(pair, "g").generate(prompt, 16, set()).tokens
 
@@ -300,6 +303,6 @@ def test_a_released_griffin_checkpoint_maps_onto_our_griffin_head(tmp_path, monk
     method = FeatureHeadMethod(pair, "griffin", kind="griffin", head="husj576/GRIFFIN-tiny", top_k=3, depth=3)
     assert method.head.cfg.tgf_width == 100
     for name, value in head.state_dict().items():
-        assert torch.equal(method.head.state_dict()[name], value)
+        assert torch.equal(method.head.state_dict()[name].cpu(), value)
     prompt = [5, 9, 14, 200, 31]
     assert method.generate(prompt, 16, set()).tokens == Greedy(pair, "g").generate(prompt, 16, set()).tokens

@@ -21,9 +21,9 @@ from specbench.heads.train import (Stage, StageRun, TrainSettings, batches, draf
                                    pass_losses, target_to_draft)
 from specbench.models.tiny import build_tiny_pair
 
-from .conftest import ROOT
+from .conftest import ROOT, TEST_DEVICE
 
-PAIR = build_tiny_pair(name="tiny-llama")
+PAIR = build_tiny_pair(name="tiny-llama", device=TEST_DEVICE)
 
 
 def sharegpt_file(path, n: int):
@@ -47,7 +47,8 @@ def test_generated_features_equal_a_forward_over_the_sequence():
         assert row["ids"][:row["start"]].tolist() == prompt and len(row["ids"]) == len(prompt) + 11
         lm = FeatureLM(PAIR.target)
         lm.forward(row["ids"].tolist())
-        assert torch.allclose(row["hidden"], lm.features_at(range(len(row["ids"]))), atol=1e-4)
+        assert row["hidden"].device.type == "cpu"  # shards hold CPU tensors, whatever device extracted them
+        assert torch.allclose(row["hidden"], lm.features_at(range(len(row["ids"]))).cpu(), atol=1e-4)
     from specbench.methods.greedy import Greedy
     assert rows[1]["ids"][rows[1]["start"]:].tolist() == Greedy(PAIR, "g").generate(prompts[1], 11, set()).tokens
 
@@ -66,7 +67,8 @@ def test_given_answers_are_read_in_one_pass_with_the_features_a_forward_gives():
         assert row["ids"].tolist() == ids and row["hidden"].shape[0] == len(ids)
         lm = FeatureLM(PAIR.target)
         lm.forward(ids)
-        assert torch.allclose(row["hidden"], lm.features_at(range(len(ids))), atol=1e-4)
+        assert row["hidden"].device.type == "cpu"
+        assert torch.allclose(row["hidden"], lm.features_at(range(len(ids))).cpu(), atol=1e-4)
     assert rows[0]["start"] == len(prompt) and rows[1]["start"] == len(short) - 2
 
 
@@ -106,7 +108,7 @@ def total_loss(head, parts, plan, s) -> float:
 def test_training_lowers_the_loss_and_raises_top1(tmp_path):
     sequences = tiny_data(tmp_path / "data")
     config = HeadConfig.for_target(PAIR.target.config, "griffin")
-    head = DraftHead(config).init_weights(seed=0)
+    head = DraftHead(config).init_weights(seed=0).to(PAIR.device)
     parts = TargetParts.of(PAIR.target, None)
     t2d = target_to_draft(None, config.vocab_size)
     s = settings(stages=[Stage(1, 12, 3e-3)], noise=0.0)
@@ -121,13 +123,13 @@ def test_training_lowers_the_loss_and_raises_top1(tmp_path):
 @pytest.mark.parametrize("kind", ["eagle", "griffin"])
 def test_a_head_can_start_from_the_targets_last_layer(kind):
     config = HeadConfig.for_target(PAIR.target.config, kind)
-    head = DraftHead(config).init_from_target(PAIR.target)
+    head = DraftHead(config).init_from_target(PAIR.target).to(PAIR.device)
     last = PAIR.target.model.layers[-1]
     assert torch.equal(head.self_attn.q_proj.weight, last.self_attn.q_proj.weight.float())
     down = last.mlp.down_proj.weight.float()
     assert torch.equal(head.mlp.down_proj.weight, torch.cat([down, down]) if kind == "griffin" else down)
     h = config.hidden_size
-    e, f = torch.randn(1, 3, h), torch.randn(1, 3, h)
+    e, f = torch.randn(1, 3, h, device=PAIR.device), torch.randn(1, 3, h, device=PAIR.device)
     assert torch.allclose(head.fusion.fc(torch.cat([e, f], -1)), f)  # the fc passes the feature through
     narrow = HeadConfig.for_target(PAIR.target.config, kind, intermediate_size=8)
     with pytest.raises(ConfigError, match=r"^head\.init: target_layer: .*head\.intermediate_size must be"):
@@ -137,9 +139,9 @@ def test_a_head_can_start_from_the_targets_last_layer(kind):
 def test_later_passes_are_masked_by_alignment_of_the_drafts_before_them(tmp_path):
     sequences = tiny_data(tmp_path / "data")
     config = HeadConfig.for_target(PAIR.target.config, "griffin")
-    head = DraftHead(config).init_weights(seed=0)
+    head = DraftHead(config).init_weights(seed=0).to(PAIR.device)
     parts, t2d = TargetParts.of(PAIR.target, None), target_to_draft(None, config.vocab_size)
-    batch = batches(sequences, settings(), t2d, seed=0)[0]
+    batch = batches(sequences, settings(), t2d, seed=0)[0].to(PAIR.device)
     _, open_stats = pass_losses(head, parts, batch, 3, settings(align_top_k=0), None, train=False)
     _, strict = pass_losses(head, parts, batch, 3, settings(align_top_k=1), None, train=False)
     _, loose = pass_losses(head, parts, batch, 3, settings(align_top_k=config.vocab_size), None, train=False)
@@ -147,7 +149,7 @@ def test_later_passes_are_masked_by_alignment_of_the_drafts_before_them(tmp_path
     assert counted[0] == batch.mask.sum() and counted == [s["positions"] for s in loose] == [counted[0]] * 3
     # top-1: pass 2 keeps position t only where pass 1's top-1 at t - 1 (the token pass 2 reads at t) was right
     with torch.no_grad():
-        positions = torch.arange(batch.tokens_in.shape[1])[None].expand_as(batch.tokens_in)
+        positions = torch.arange(batch.tokens_in.shape[1], device=PAIR.device)[None].expand_as(batch.tokens_in)
         predict, _ = head(parts.embed(batch.tokens_in), batch.feats_in, positions)
         hit = (parts.logits(predict).argmax(-1) == batch.next_draft).float()
     assert strict[0]["positions"] == counted[0]
@@ -157,12 +159,13 @@ def test_later_passes_are_masked_by_alignment_of_the_drafts_before_them(tmp_path
 
 def full_sequence_losses(head, parts, batch, passes, s):
     """pass_losses written plainly, lm_head over every position (the reference its row selection must equal)."""
+    batch, device = batch.to(parts.device), parts.device
     b, m = batch.tokens_in.shape
     embeds, inputs = parts.embed(batch.tokens_in).float(), batch.feats_in
-    positions = torch.arange(m)[None].expand(b, m)
+    positions = torch.arange(m, device=device)[None].expand(b, m)
     p = torch.softmax(parts.logits(batch.feats_out).float(), -1)
     top_p = p.topk(s.topk_loss_k, dim=-1) if passes >= 2 and s.topk_loss_weight else None
-    streams, aligned, total, stats = [], torch.ones(b, m), 0.0, []
+    streams, aligned, total, stats = [], torch.ones(b, m, device=device), 0.0, []
     for index in range(1, passes + 1):
         predict, regress = head(embeds, inputs, positions, streams=streams)
         logq = torch.log_softmax(parts.logits(predict).float(), -1)
@@ -177,7 +180,7 @@ def full_sequence_losses(head, parts, batch, passes, s):
         hit = (logq.argmax(-1) == batch.next_draft).float()
         stats.append({"positions": float(weight.sum()), "top1": float((hit * weight).sum()),
                       "in_top_k": float((in_top * weight).sum())})
-        aligned = torch.cat([torch.zeros(b, 1), (in_top * aligned)[:, :-1]], 1)
+        aligned = torch.cat([torch.zeros(b, 1, device=device), (in_top * aligned)[:, :-1]], 1)
         inputs = torch.cat([inputs[:, :1], regress[:, :-1]], 1)
     return total, stats
 
@@ -188,7 +191,7 @@ def test_the_loss_reads_lm_head_only_where_it_can_count_and_equals_the_full_sequ
     config = HeadConfig.for_target(PAIR.target.config, "griffin", draft_vocab_size=60)
     draft_ids = draft_vocabulary(sequences, 60, config.vocab_size, set())
     parts, t2d = TargetParts.of(PAIR.target, draft_ids), target_to_draft(draft_ids, config.vocab_size)
-    head = DraftHead(config).init_weights(seed=1, std=0.2)
+    head = DraftHead(config).init_weights(seed=1, std=0.2).to(PAIR.device)
     s = settings(align_top_k=25)
     for batch in batches(sequences, s, t2d, seed=0)[:2]:
         assert 0 < batch.mask.sum() < batch.mask.numel()  # prompt and out-of-vocabulary positions are left out
@@ -207,7 +210,7 @@ def test_a_killed_stage_resumes_to_the_same_head(tmp_path):
     parts, t2d = TargetParts.of(PAIR.target, None), target_to_draft(None, config.vocab_size)
     s = settings(stages=[Stage(2, 3, 1e-3)], checkpoint_seconds=0.0)
 
-    whole = DraftHead(config).init_weights(seed=0)
+    whole = DraftHead(config).init_weights(seed=0).to(PAIR.device)
     StageRun(whole, parts, s, s.stages[0], 1, tmp_path / "a", log=lambda m: None).run(sequences, t2d)
 
     class Killed(Exception):
@@ -217,11 +220,11 @@ def test_a_killed_stage_resumes_to_the_same_head(tmp_path):
         if "step 10/" in message:
             raise Killed
 
-    first = DraftHead(config).init_weights(seed=0)
+    first = DraftHead(config).init_weights(seed=0).to(PAIR.device)
     with pytest.raises(Killed):
         StageRun(first, parts, s, s.stages[0], 1, tmp_path / "b", log=kill_at_step).run(sequences, t2d)
     assert (tmp_path / "b" / "partial.pt").exists()
-    resumed = DraftHead(config).init_weights(seed=5)  # its own weights are replaced by the checkpoint's
+    resumed = DraftHead(config).init_weights(seed=5).to(PAIR.device)  # its own weights are replaced by the checkpoint's
     logs = []
     StageRun(resumed, parts, s, s.stages[0], 1, tmp_path / "b", log=logs.append).run(sequences, t2d)
     assert any("resuming at step" in m for m in logs)
@@ -232,8 +235,9 @@ def test_a_killed_stage_resumes_to_the_same_head(tmp_path):
 def heads_cfg(tmp_path, *overrides):
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
         return compose(config_name="heads", overrides=[
-            "model=tiny_llama", f"data.path={sharegpt_file(tmp_path / 'sg.json', 14)}", "data.prompts=10",
-            "data.max_new_tokens=20", "data.batch_size=4", "data.exclude=[]", "head.draft_vocab_size=120",
+            "model=tiny_llama", f"model.device={TEST_DEVICE}", f"data.path={sharegpt_file(tmp_path / 'sg.json', 14)}",
+            "data.prompts=10", "data.max_new_tokens=20", "data.batch_size=4", "data.exclude=[]",
+            "head.draft_vocab_size=120",
             "head.train.batch_tokens=256", "head.train.max_length=64", f"paths.root={tmp_path / 'runs'}",
             "head.train.stages=[{passes:1,epochs:2,lr:3e-3},{passes:2,epochs:1,lr:1e-3},{passes:3,epochs:1,lr:1e-3}]",
             *overrides])
@@ -302,8 +306,8 @@ def test_pipeline_end_to_end_then_griffin_decodes_with_the_trained_head(tmp_path
 
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
         run_cfg = compose(config_name="config", overrides=[
-            "model=tiny_llama", "method=griffin", f"paths.root={tmp_path / 'runs'}", "data=gsm8k", "data.limit=2",
-            "data.max_new_tokens=12", "runner.warmup=0", "runner.progress=false"])
+            "model=tiny_llama", f"model.device={TEST_DEVICE}", "method=griffin", f"paths.root={tmp_path / 'runs'}",
+            "data=gsm8k", "data.limit=2", "data.max_new_tokens=12", "runner.warmup=0", "runner.progress=false"])
     summary = app.run(run_cfg)
     assert summary["identical"] == summary["compared"] == 2
     record = json.loads(next((tmp_path / "runs" / "records").rglob("*griffin*.jsonl")).read_text().splitlines()[0])

@@ -35,9 +35,9 @@ def save_head(directory: Path, head: DraftHead, draft_ids: torch.Tensor | None, 
 
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    tensors = {name: p.detach().float().contiguous() for name, p in head.state_dict().items()}
+    tensors = {name: p.detach().float().cpu().contiguous() for name, p in head.state_dict().items()}
     if draft_ids is not None:
-        tensors["draft_ids"] = draft_ids.long().contiguous()
+        tensors["draft_ids"] = draft_ids.long().cpu().contiguous()
     weights = directory / WEIGHTS_FILE
     save_file(tensors, str(weights.with_suffix(".tmp")))
     weights.with_suffix(".tmp").replace(weights)

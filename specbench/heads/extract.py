@@ -58,10 +58,12 @@ def done_prompts(directory: Path) -> set[str]:
     return done
 
 
-def padded(sequences: Sequence[list[int]], pad_id: int, left: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """(ids, attention mask), both (B, longest): each row padded on the left (generation) or the right."""
+def padded(sequences: Sequence[list[int]], pad_id: int, left: bool,
+           device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids, attention mask), both (B, longest) on ``device``: each row padded on the left (generation) or the
+    right."""
     width = max(len(ids) for ids in sequences)
-    batch = torch.full((len(sequences), width), pad_id, dtype=torch.long)
+    batch = torch.full((len(sequences), width), pad_id, dtype=torch.long, device=device)
     attention = torch.zeros_like(batch)
     for row, ids in enumerate(sequences):
         cols = slice(width - len(ids), width) if left else slice(0, len(ids))
@@ -74,7 +76,7 @@ def padded(sequences: Sequence[list[int]], pad_id: int, left: bool) -> tuple[tor
 def generate_with_features(model, prompts: Sequence[list[int]], max_new_tokens: int, eos_ids: set[int],
                            pad_id: int) -> list[dict]:
     """Greedy answers and per-position features for a batch: [{ids (n,) int32, start, hidden (n, H)}]."""
-    ids, attention = padded(prompts, pad_id, left=True)
+    ids, attention = padded(prompts, pad_id, left=True, device=model.device)
     width = ids.shape[1]
     out = model.generate(input_ids=ids, attention_mask=attention, max_new_tokens=max_new_tokens, do_sample=False,
                          eos_token_id=sorted(eos_ids), pad_token_id=pad_id, output_hidden_states=True,
@@ -89,7 +91,7 @@ def generate_with_features(model, prompts: Sequence[list[int]], max_new_tokens: 
         sequence = list(prompt) + answer[:keep]
         features = hidden[row, width - len(prompt):width + keep]
         rows.append({"ids": torch.tensor(sequence, dtype=torch.int32), "start": len(prompt),
-                     "hidden": features.clone()})
+                     "hidden": features.to("cpu", copy=True)})  # its own storage, on the CPU: shards load anywhere
     return rows
 
 
@@ -98,11 +100,11 @@ def prefill_with_features(model, sequences: Sequence[tuple[list[int], int]], pad
     """Features of given (ids, answer start) sequences from one right-padded forward pass: the rows
     ``generate_with_features`` gives, for text the target did not choose. The decoder alone runs (no lm_head:
     the features are all that is kept)."""
-    batch, attention = padded([ids for ids, _ in sequences], pad_id, left=False)
+    batch, attention = padded([ids for ids, _ in sequences], pad_id, left=False, device=model.device)
     hidden = model.base_model(input_ids=batch, attention_mask=attention, use_cache=False).last_hidden_state
     # (B, width, H) after the final norm
-    return [{"ids": torch.tensor(ids, dtype=torch.int32), "start": start, "hidden": hidden[row, :len(ids)].clone()}
-            for row, (ids, start) in enumerate(sequences)]
+    return [{"ids": torch.tensor(ids, dtype=torch.int32), "start": start,
+             "hidden": hidden[row, :len(ids)].to("cpu", copy=True)} for row, (ids, start) in enumerate(sequences)]
 
 
 def answer_eos(pair) -> int:
@@ -174,7 +176,7 @@ def load_sequences(directory: Path) -> list[dict]:
     rows = []
     for line in path.read_text().splitlines():
         if line.strip():
-            rows += torch.load(Path(directory) / json.loads(line)["shard"], weights_only=False)
+            rows += torch.load(Path(directory) / json.loads(line)["shard"], map_location="cpu", weights_only=False)
     if not rows:
         raise ConfigError(f"heads: {directory} holds no sequences; run the extract stage")
     return rows

@@ -312,7 +312,7 @@ class TargetParts:
         from ..models.cpu_linear import apply_linear_kernel
 
         self.embed_weight = embed_weight
-        self.draft_ids = draft_ids
+        self.draft_ids = None if draft_ids is None else draft_ids.to(embed_weight.device)  # indexed by draft picks
         rows = lm_head_weight if draft_ids is None else lm_head_weight[draft_ids.to(lm_head_weight.device)]
         self.lm_head_weight = rows
         head = nn.Linear(rows.shape[1], rows.shape[0], bias=False, device=rows.device, dtype=rows.dtype)
@@ -329,6 +329,11 @@ class TargetParts:
         if dtype is not None:
             embed, head = embed.to(dtype), head.to(dtype)
         return cls(embed, head, draft_ids, linear_kernel)
+
+    @property
+    def device(self) -> torch.device:
+        """Where the target's pieces are, so where a head that uses them drafts and trains."""
+        return self.embed_weight.device
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         return F.embedding(ids, self.embed_weight)

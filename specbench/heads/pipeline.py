@@ -201,7 +201,7 @@ class HeadPipeline:
         for index in indices:
             stage_dir = self.head_dir / f"stage-{index}"
             check_predecessor(self.head_dir, index)
-            head = self._start_head(config, index)
+            head = self._start_head(config, index).to(parts.device)  # trained where the target runs
             began = time.perf_counter()
             run = StageRun(head, parts, self.settings, self.settings.stages[index - 1], index, stage_dir, log)
             rows = run.run(train_set, t2d)
@@ -264,7 +264,7 @@ class HeadPipeline:
         _, held_out = split(sequences, self.head_cfg.get("holdout", 0.05), self.settings.seed)
         parts = TargetParts.of(self.pair.target, artifact.draft_ids, torch.float32)
         t2d = target_to_draft(artifact.draft_ids, artifact.config.vocab_size)
-        result = evaluate(artifact.build(torch.float32), parts, held_out, self.settings, t2d)
+        result = evaluate(artifact.build(torch.float32, parts.device), parts, held_out, self.settings, t2d)
         coverage = answer_coverage(held_out, artifact.draft_ids)  # unseen answers: training ones are all in it
         result.update({"head": str(self.head_dir), "sha256": artifact.sha256, "draft_vocab_coverage": coverage})
         write_json(self.head_dir / "evaluation.json", result)

@@ -77,6 +77,11 @@ class Batch:
     mask: torch.Tensor        # (B, m) float: answer positions whose next token is in the draft vocabulary
     tokens: int = 0
 
+    def to(self, device: torch.device) -> "Batch":
+        """The batch on the training device (batches are built, and kept for the whole stage, in CPU memory)."""
+        return Batch(self.tokens_in.to(device), self.feats_in.to(device), self.feats_out.to(device),
+                     self.next_draft.to(device), self.mask.to(device), self.tokens)
+
 
 def draft_vocabulary(sequences: list[dict], size: int, vocab_size: int, always: set[int]) -> torch.Tensor | None:
     """EAGLE-3's reduced draft vocabulary: the ``size`` most frequent answer tokens (+ ``always``: EOS), sorted by
@@ -169,14 +174,17 @@ def pass_losses(head: DraftHead, parts: TargetParts, batch: Batch, passes: int, 
 
     lm_head runs only on the R positions whose logits can matter (``rows``): counted ones (batch.mask) and the
     passes - 1 before each, whose top-k alignment masks later passes. Prompt and padding positions (a third of
-    the embedded pair's data) still pass through the head's layer, where they are attention context."""
+    the embedded pair's data) still pass through the head's layer, where they are attention context.
+    Runs on the target's device (``parts.device``), where the head must be too."""
+    device = parts.device
+    batch = batch.to(device)
     b, m = batch.tokens_in.shape
     embeds = parts.embed(batch.tokens_in).float()
     inputs = batch.feats_in
     if train and settings.noise:
-        u = torch.rand(inputs.shape, generator=generator)
+        u = torch.rand(inputs.shape, generator=generator).to(device)  # a CPU generator: the same noise anywhere
         inputs = inputs + (u - 0.5) * settings.noise * 512 / m
-    positions = torch.arange(m)[None].expand(b, m)
+    positions = torch.arange(m, device=device)[None].expand(b, m)
     rows = reach(batch.mask, passes - 1).reshape(-1)  # (B·m,) bool
 
     def at_rows(x: torch.Tensor) -> torch.Tensor:  # (B, m, ...) -> (R, ...)
@@ -187,7 +195,7 @@ def pass_losses(head: DraftHead, parts: TargetParts, batch: Batch, passes: int, 
         p = torch.softmax(parts.logits(target_feats).float(), dim=-1)  # (R, V_d) the target's distribution
         top_p = p.topk(settings.topk_loss_k, dim=-1) if passes >= 2 and settings.topk_loss_weight else None
     streams: list = []
-    aligned_so_far = torch.ones(b, m)
+    aligned_so_far = torch.ones(b, m, device=device)
     total, stats = 0.0, []
     for index in range(1, passes + 1):
         predict, regress = head(embeds, inputs, positions, streams=streams)
@@ -208,7 +216,7 @@ def pass_losses(head: DraftHead, parts: TargetParts, batch: Batch, passes: int, 
             stats.append({"pass": index, "positions": float(counted), "top1": float((hit * weight).sum()),
                           "in_top_k": float((in_top * weight).sum())})
         if index < passes:
-            aligned = torch.zeros(b * m)
+            aligned = torch.zeros(b * m, device=device)
             aligned[rows] = in_top.float()  # positions outside rows mask nothing that counts
             aligned_so_far = shift_right(aligned.view(b, m) * aligned_so_far)
             inputs = torch.cat([inputs[:, :1], regress[:, :-1].detach()], dim=1)
@@ -321,7 +329,7 @@ class StageRun:
     def _resume(self, optimizer, generator) -> int:
         if not self.partial.exists():
             return 0
-        state = torch.load(self.partial, weights_only=False)
+        state = torch.load(self.partial, map_location="cpu", weights_only=False)  # load_state_dict places them
         self.head.load_state_dict(state["head"])
         optimizer.load_state_dict(state["optimizer"])
         generator.set_state(state["generator"])
