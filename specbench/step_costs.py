@@ -1,0 +1,161 @@
+"""What one decoding step of each method costs, in greedy steps, on a machine that has no weights.
+
+``python -m specbench.step_costs --target <dir with config.json> --draft <dir> --device cuda`` builds the pair
+from its configs alone (random weights, the same shapes and kernels: a step's cost does not depend on what the
+weights say) plus a random feature head of the shape ours have, and times greedy, speculative decoding (γ) and
+the feature-head methods' trees side by side, interleaved round by round, in one process.
+
+Reads: ms per step after the prefill, and ``cost`` = a method step / a greedy step, each round's ratio
+between steps timed back to back (95% interval over rounds). A method's speed-up at acceptance length τ
+(tokens per step, measured with the real weights anywhere: at T = 0 it does not depend on the machine) is then
+about τ / cost. With random weights every draft is rejected, so each step emits one token: the cost is that of
+a full step (draft, tree, verify, cache bookkeeping), not of a short one.
+
+For a machine where the real weights cannot go (a lent GPU without the hub): what would the τ we measured buy
+there? Prints a table and, with ``--json``, writes it.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+from .errors import ConfigError
+from .metrics import bootstrap_mean_ci
+from .models.pair import ModelPair, prepare_for_inference
+from .models.precision import resolve_precision
+from .timing import Stopwatch
+
+# (name, top_k K, depth D, max_nodes): the default tree, EAGLE-2-like on a CPU budget, EAGLE-2's GPU tree
+TREES = (("default", 4, 4, 10), ("mid", 8, 5, 24), ("eagle2_gpu", 10, 6, 60))
+
+
+def config_of(path: str, key: str):
+    from transformers import AutoConfig
+
+    where = Path(path).expanduser()
+    if not (where / "config.json").is_file() and not (where.name == "config.json" and where.is_file()):
+        raise ConfigError(f"{key}: {path!r} has no config.json; give a Hugging Face checkpoint directory (only "
+                          "its config.json is read)")
+    return AutoConfig.from_pretrained(where.parent if where.name == "config.json" else where)
+
+
+def random_model(config, precision, seed: int):
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    with torch.device(precision.device):
+        model = AutoModelForCausalLM.from_config(config, dtype=precision.torch_dtype)
+    return prepare_for_inference(model, precision.device, precision)
+
+
+class IdsOnly:
+    """The tokenizer stand-in: the prompt is random ids, so only the vocabulary's size is asked for."""
+
+    def __init__(self, size: int):
+        self.size = size
+
+    def __len__(self) -> int:
+        return self.size
+
+
+def random_head_dir(target_config, kind: str, draft_vocab: int, directory: Path) -> str:
+    from .heads.artifact import save_head
+    from .heads.model import DraftHead, HeadConfig
+
+    config = HeadConfig.for_target(target_config, kind, draft_vocab_size=draft_vocab)
+    ids = torch.randperm(target_config.vocab_size, generator=torch.Generator().manual_seed(0))[:draft_vocab]
+    save_head(directory, DraftHead(config).init_weights(seed=1), ids.sort().values if draft_vocab else None,
+              {"step_costs": "random weights"})
+    return str(directory)
+
+
+def methods_for(pair, args, head_dir: str | None) -> dict:
+    from .methods.feature_head import FeatureHeadMethod
+    from .methods.greedy import Greedy
+    from .methods.speculative import SpeculativeDecoding
+
+    methods = {"greedy": Greedy(pair, "greedy"), f"speculative γ={args.gamma}": SpeculativeDecoding(
+        pair, "speculative", gamma=args.gamma)}
+    if head_dir is not None:
+        for tree, k, depth, nodes in TREES:
+            methods[f"{args.kind} {tree} (K {k}, D {depth}, {nodes} nodes)"] = FeatureHeadMethod(
+                pair, args.kind, kind=args.kind, head=head_dir, top_k=k, depth=depth, max_nodes=nodes)
+    return methods
+
+
+def ms_per_step(method, prompt: list[int], new_tokens: int, watch: Stopwatch) -> float:
+    """Decode time after the prefill mark over the target forwards after it (one per step)."""
+    watch.start()
+    gen = method.generate(prompt, new_tokens, set(), timeline=watch)
+    total = watch.stop()
+    steps = gen.target_forwards - 1
+    return 1000 * (total - watch.marks.get("prefill", 0.0)) / max(steps, 1)
+
+
+def measure(methods: dict, prompt: list[int], new_tokens: int, rounds: int, device) -> dict:
+    watch = Stopwatch(device)
+    for method in methods.values():  # warm-up, a whole generation each: kernels, allocator, caches, clocks
+        ms_per_step(method, prompt, new_tokens, watch)
+    times: dict[str, list[float]] = {name: [] for name in methods}
+    for _ in range(rounds):
+        for name, method in methods.items():
+            times[name].append(ms_per_step(method, prompt, new_tokens, watch))
+    greedy = times["greedy"]
+    rows = {}
+    for name, values in times.items():
+        ratios = [v / g for v, g in zip(values, greedy)]
+        rows[name] = {"ms_per_step": statistics.median(values), "cost": statistics.fmean(ratios),
+                      "cost_ci": bootstrap_mean_ci([[r] for r in ratios]), "ms": values}
+    return rows
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m specbench.step_costs", description=__doc__.split("\n")[0])
+    parser.add_argument("--target", required=True, help="checkpoint dir whose config.json shapes the target")
+    parser.add_argument("--draft", help="checkpoint dir whose config.json shapes the draft (speculative)")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--kind", default="griffin", choices=("griffin", "eagle"))
+    parser.add_argument("--draft-vocab", type=int, default=32000, help="the head's reduced vocabulary (0: full)")
+    parser.add_argument("--gamma", type=int, default=4)
+    parser.add_argument("--prompt-tokens", type=int, default=128)
+    parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--json", help="also write the table here")
+    args = parser.parse_args(argv)
+    try:
+        target_config = config_of(args.target, "--target")
+        draft_config = config_of(args.draft, "--draft") if args.draft else None
+        precision = resolve_precision(args.dtype, args.device)
+    except ConfigError as error:
+        sys.exit(f"error: {error}")
+    print(f"[step_costs] {precision.dtype} on {precision.device} ({precision.reason}); random weights", flush=True)
+    target = random_model(target_config, precision, seed=0)
+    draft = random_model(draft_config, precision, seed=1) if draft_config is not None else target
+    pair = ModelPair(name="step-costs", target=target, draft=draft, tokenizer=IdsOnly(target_config.vocab_size),
+                     eos_ids=set(), precision=precision, info={"target": f"random({args.target})"})
+    prompt = torch.randint(0, target_config.vocab_size, (args.prompt_tokens,),
+                           generator=torch.Generator().manual_seed(2)).tolist()
+    with tempfile.TemporaryDirectory() as tmp:
+        head_dir = random_head_dir(target_config, args.kind, args.draft_vocab, Path(tmp) / "head")
+        rows = measure(methods_for(pair, args, head_dir), prompt, args.new_tokens, args.rounds, pair.device)
+    device_name = torch.cuda.get_device_name(pair.device) if pair.device.type == "cuda" else "cpu"
+    print(f"{'method':<46} {'ms/step':>8} {'cost (greedy steps)':>22}")
+    for name, row in rows.items():
+        ci = row["cost_ci"]
+        interval = f"[{ci[0]:.2f}, {ci[1]:.2f}]" if ci else ""
+        print(f"{name:<46} {row['ms_per_step']:8.2f} {row['cost']:8.2f} {interval:>13}")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"device": device_name, "dtype": precision.dtype,
+                                               "torch": torch.__version__, "args": vars(args), "rows": rows},
+                                              indent=1))
+
+
+if __name__ == "__main__":
+    main()
