@@ -11,6 +11,10 @@ from pathlib import Path
 import torch
 
 PACKAGES = ("specbench", "torch", "transformers", "tokenizers", "accelerate", "hydra-core", "omegaconf")
+# the CPU flags that decide a bf16 / int8 forward's speed (oneDNN's kernels): two machines both called
+# "AMD EPYC" by a KVM guest differ here, and in family / model
+SPEED_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "avx512_fp16", "amx_tile",
+               "amx_bf16", "amx_int8")
 
 
 @lru_cache(maxsize=1)
@@ -43,6 +47,36 @@ def cpu_name() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
+
+
+@lru_cache(maxsize=1)
+def cpu_identity(cpuinfo: str | None = None) -> dict:
+    """What tells CPUs of one marketing name apart: vendor, family / model / stepping, the speed-deciding flags
+    present (SPEED_FLAGS) and torch's kernel capability. ``cpuinfo``: /proc/cpuinfo's text (read when None)."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            cpuinfo = ""
+    fields: dict[str, str] = {}
+    for line in cpuinfo.splitlines():
+        if not line.strip() and fields:
+            break  # the first processor's block describes them all
+        key, _, value = line.partition(":")
+        fields.setdefault(key.strip(), value.strip())
+    flags = set(fields.get("flags", "").split())
+    return {"name": fields.get("model name") or platform.processor() or platform.machine(),
+            "vendor": fields.get("vendor_id"), "family": fields.get("cpu family"), "model": fields.get("model"),
+            "stepping": fields.get("stepping"), "flags": [flag for flag in SPEED_FLAGS if flag in flags],
+            "torch_capability": torch.backends.cpu.get_cpu_capability()}
+
+
+def cpu_signature(cpu: dict) -> str:
+    """One line for reports: 'AMD EPYC (family 25 model 17; avx512_bf16 ...; torch AVX512)'."""
+    where = f"family {cpu.get('family')} model {cpu.get('model')}" if cpu.get("family") else None
+    flags = " ".join(cpu.get("flags") or []) or "no AVX2"
+    details = "; ".join(x for x in (where, flags, f"torch {cpu.get('torch_capability')}") if x)
+    return f"{cpu.get('name')} ({details})"
 
 
 def device_name(device: torch.device) -> str:
@@ -99,5 +133,6 @@ def environment(device: torch.device) -> dict:
         "cores_available": available_cores(),
         "device": str(device),
         "device_name": device_name(device),
+        "cpu": cpu_identity(),  # also on a GPU: the host's CPU runs the loop and the launches
         "hostname": platform.node(),
     }

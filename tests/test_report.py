@@ -157,7 +157,8 @@ def test_golden_markdown_table_from_a_tiny_sweep(table2_sweep, tmp_path):
         assert g == w, f"\n got: {g}\nwant: {w}"
     notes = [line for line in result["markdown"].splitlines() if line.startswith("- ")]
     assert any("paper columns: Source: Zhao et al. 2024" in n for n in notes)
-    assert any(n.startswith("- ours: tiny-llama (float32)") for n in notes)
+    ours = next(n for n in notes if n.startswith("- ours: tiny-llama (float32) on "))
+    assert "; torch " in ours  # the CPU named with family, model and flags, not its marketing name alone
 
 
 def test_figures_exist_for_an_experiment_with_data(table2_sweep, tmp_path):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
+from ..environment import cpu_signature
 from ..errors import ConfigError
 from ..records import record_identity
 from .console import alpha_text, identity_text
@@ -130,7 +131,10 @@ def environment_notes(exp: Experiment) -> list[str]:
             continue
         r = cell.records[0]
         env = r.get("env") or {}
-        line = (f"ours: {r['pair']} ({r.get('dtype')}) on {env.get('device_name') or env.get('device')}, "
+        device = env.get("device_name") or env.get("device")
+        if env.get("cpu") and str(env.get("device", "cpu")).startswith("cpu"):
+            device = cpu_signature(env["cpu"])  # "AMD EPYC" alone names several machines of different speeds
+        line = (f"ours: {r['pair']} ({r.get('dtype')}) on {device}, "
                 f"{env.get('torch_threads')} torch threads, max_new_tokens {r.get('max_new_tokens')}")
         if line not in seen:
             seen.add(line)
