@@ -40,24 +40,21 @@ def package_versions() -> dict:
 
 
 def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+    return cpu_identity()["name"]
 
 
 @lru_cache(maxsize=1)
-def cpu_identity(cpuinfo: str | None = None) -> dict:
+def cpu_identity() -> dict:
+    """This machine's CPU (``identity_of_cpuinfo`` of /proc/cpuinfo), read once per process."""
+    try:
+        return identity_of_cpuinfo(Path("/proc/cpuinfo").read_text())
+    except OSError:
+        return identity_of_cpuinfo("")
+
+
+def identity_of_cpuinfo(cpuinfo: str) -> dict:
     """What tells CPUs of one marketing name apart: vendor, family / model / stepping, the speed-deciding flags
-    present (SPEED_FLAGS) and torch's kernel capability. ``cpuinfo``: /proc/cpuinfo's text (read when None)."""
-    if cpuinfo is None:
-        try:
-            cpuinfo = Path("/proc/cpuinfo").read_text()
-        except OSError:
-            cpuinfo = ""
+    present (SPEED_FLAGS) and torch's kernel capability, from /proc/cpuinfo's text."""
     fields: dict[str, str] = {}
     for line in cpuinfo.splitlines():
         if not line.strip() and fields:

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import torch
 
+from .environment import device_name
 from .errors import ConfigError
 from .metrics import bootstrap_mean_ci
 from .models.pair import ModelPair, prepare_for_inference
@@ -75,17 +76,16 @@ def random_head_dir(target_config, kind: str, draft_vocab: int, directory: Path)
     return str(directory)
 
 
-def methods_for(pair, args, head_dir: str | None) -> dict:
+def methods_for(pair, args, head_dir: str) -> dict:
     from .methods.feature_head import FeatureHeadMethod
     from .methods.greedy import Greedy
     from .methods.speculative import SpeculativeDecoding
 
     methods = {"greedy": Greedy(pair, "greedy"), f"speculative γ={args.gamma}": SpeculativeDecoding(
         pair, "speculative", gamma=args.gamma)}
-    if head_dir is not None:
-        for tree, k, depth, nodes in TREES:
-            methods[f"{args.kind} {tree} (K {k}, D {depth}, {nodes} nodes)"] = FeatureHeadMethod(
-                pair, args.kind, kind=args.kind, head=head_dir, top_k=k, depth=depth, max_nodes=nodes)
+    for tree, k, depth, nodes in TREES:
+        methods[f"{args.kind} {tree} (K {k}, D {depth}, {nodes} nodes)"] = FeatureHeadMethod(
+            pair, args.kind, kind=args.kind, head=head_dir, top_k=k, depth=depth, max_nodes=nodes)
     return methods
 
 
@@ -145,14 +145,13 @@ def main(argv=None) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         head_dir = random_head_dir(target_config, args.kind, args.draft_vocab, Path(tmp) / "head")
         rows = measure(methods_for(pair, args, head_dir), prompt, args.new_tokens, args.rounds, pair.device)
-    device_name = torch.cuda.get_device_name(pair.device) if pair.device.type == "cuda" else "cpu"
     print(f"{'method':<46} {'ms/step':>8} {'cost (greedy steps)':>22}")
     for name, row in rows.items():
         ci = row["cost_ci"]
         interval = f"[{ci[0]:.2f}, {ci[1]:.2f}]" if ci else ""
         print(f"{name:<46} {row['ms_per_step']:8.2f} {row['cost']:8.2f} {interval:>13}")
     if args.json:
-        Path(args.json).write_text(json.dumps({"device": device_name, "dtype": precision.dtype,
+        Path(args.json).write_text(json.dumps({"device": device_name(pair.device), "dtype": precision.dtype,
                                                "torch": torch.__version__, "args": vars(args), "rows": rows},
                                               indent=1))
 

@@ -46,8 +46,7 @@ class FeatureHeadMethod(ProposerMethod):
         self.artifact.check_target(target.config)
         dtype, kernel = next(target.parameters()).dtype, pair.precision.linear_kernel
         self.head = apply_linear_kernel(self.artifact.build(dtype=dtype, device=pair.device), kernel)
-        draft_ids = None if self.artifact.draft_ids is None else self.artifact.draft_ids.to(pair.device)
-        self.parts = TargetParts.of(target, draft_ids, dtype, kernel)
+        self.parts = TargetParts.of(target, self.artifact.draft_ids, dtype, kernel)  # it places draft_ids
 
     @property
     def identity(self) -> dict:
