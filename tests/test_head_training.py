@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import fields
 
 import pytest
 import torch
@@ -16,7 +17,7 @@ from specbench.errors import ConfigError
 from specbench.heads.extract import (answer_eos, extract, generate_with_features, load_sequences,
                                      prefill_with_features, with_answer)
 from specbench.heads.model import DraftHead, HeadConfig, TargetParts
-from specbench.heads.pipeline import HeadPipeline, stage_identity
+from specbench.heads.pipeline import HeadPipeline, comparable, stage_identity
 from specbench.heads.train import (Stage, StageRun, TrainSettings, batches, draft_vocabulary, flushed_denormals,
                                    pass_losses, target_to_draft)
 from specbench.models.tiny import build_tiny_pair
@@ -333,6 +334,24 @@ def test_ablations_copy_the_stages_they_share_with_griffin_and_train_the_rest(tm
     other.run("train")
     assert (other.head_dir / "stage-1/head.safetensors").read_bytes() != \
         (theirs / "stage-1/head.safetensors").read_bytes()
+
+
+def test_every_training_knob_is_in_the_yaml_and_one_at_its_default_names_the_same_head(tmp_path):
+    base = HeadPipeline(heads_cfg(tmp_path))
+    assert set(base.head_cfg["train"]) == {f.name for f in fields(TrainSettings)}  # overridden without '+'
+    changed = HeadPipeline(heads_cfg(tmp_path, "head.train.ce_weight=1.0", "head.train.betas=[0.9,0.99]"))
+    assert changed.settings.ce_weight == 1.0 and changed.settings.betas == (0.9, 0.99)
+    assert changed.train_identity()["train"]["ce_weight"] == 1.0 and changed.train_identity() != base.train_identity()
+    operational = HeadPipeline(heads_cfg(tmp_path, "head.train.threads=1", "head.train.checkpoint_seconds=5"))
+    assert operational.train_identity() == base.train_identity()  # how a run goes is not what it trains
+    # a train.json from before the knobs were in the YAML holds only the keys the YAML had: the same head
+    older = dict(base.head_cfg["train"])
+    for key in ("ce_weight", "feature_weight", "topk_loss_k", "clip_value", "betas", "checkpoint_seconds", "threads"):
+        older.pop(key)
+    assert comparable({**base.train_identity(), "train": older}) == base.train_identity()
+    assert comparable({**base.train_identity(), "train": {**older, "ce_weight": 1.0}}) != base.train_identity()
+    unreadable = {**base.train_identity(), "train": {**older, "no_such_knob": 1}}
+    assert comparable(unreadable) == unreadable != base.train_identity()
 
 
 def test_a_stage_depends_on_alignment_settings_only_once_a_stage_has_two_passes():

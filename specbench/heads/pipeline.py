@@ -24,6 +24,7 @@ import re
 import shutil
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -118,7 +119,7 @@ class HeadPipeline:
 
     def train_identity(self) -> dict:
         head = identity_items(self.head_cfg, skip=("train", "name"))
-        return {"head": head, "train": self.head_cfg["train"], "data": self.data_dir.name}
+        return {"head": head, "train": settings_identity(self.head_cfg["train"]), "data": self.data_dir.name}
 
     @property
     def pair(self):
@@ -163,7 +164,7 @@ class HeadPipeline:
         identity = self.train_identity()
         self.head_dir.mkdir(parents=True, exist_ok=True)
         marker = self.head_dir / "train.json"
-        if marker.exists() and json.loads(marker.read_text()) != identity:
+        if marker.exists() and comparable(json.loads(marker.read_text())) != identity:
             raise ConfigError(f"head: {self.head_dir} holds a head trained with other settings; remove it, or give "
                               f"this one another head.name")
         marker.write_text(json.dumps(identity, indent=1, sort_keys=True))
@@ -223,7 +224,7 @@ class HeadPipeline:
             source, marker = sibling / f"stage-{index}", sibling / "train.json"
             if sibling == self.head_dir or not ((source / CONFIG_FILE).exists() and marker.exists()):
                 continue
-            if stage_identity(json.loads(marker.read_text()), index) != wanted:
+            if stage_identity(comparable(json.loads(marker.read_text())), index) != wanted:
                 continue
             target = self.head_dir / f"stage-{index}"
             staging = target.with_name(target.name + ".tmp")
@@ -275,6 +276,27 @@ class HeadPipeline:
 
 # HeadConfig fields a head config may set
 HEAD_OPTIONS = ("intermediate_size", "draft_vocab_size", "fusion", "dual", "tgf_width", "tgf_second", "fc_bias")
+
+
+# train settings that say how a run goes, not what it trains: left out of a head's identity
+OPERATIONAL_SETTINGS = ("checkpoint_seconds", "threads")
+
+
+def settings_identity(train: dict) -> dict:
+    """head.train as a head's identity holds it: every TrainSettings field (defaults filled in, so a knob written
+    into the YAML at its default value, or left out, names the same head), less OPERATIONAL_SETTINGS."""
+    full = asdict(TrainSettings.from_dict(train))
+    full["betas"] = list(full["betas"])
+    return {k: v for k, v in full.items() if k not in OPERATIONAL_SETTINGS}
+
+
+def comparable(identity: dict) -> dict:
+    """A train.json as written by any version (older ones hold head.train as the YAML had it), normalized like
+    train_identity; a marker whose settings TrainSettings cannot read compares unequal to every identity."""
+    try:
+        return {**identity, "train": settings_identity(identity["train"])}
+    except (KeyError, TypeError, ValueError):
+        return identity
 
 
 # train settings that act only in passes >= 2: a stage whose stages so far all have one pass does not depend on them
