@@ -119,7 +119,7 @@ class HeadPipeline:
 
     def train_identity(self) -> dict:
         head = identity_items(self.head_cfg, skip=("train", "name"))
-        return {"head": head, "train": settings_identity(self.head_cfg["train"]), "data": self.data_dir.name}
+        return {"head": head, "train": settings_identity(self.settings), "data": self.data_dir.name}
 
     @property
     def pair(self):
@@ -282,10 +282,10 @@ HEAD_OPTIONS = ("intermediate_size", "draft_vocab_size", "fusion", "dual", "tgf_
 OPERATIONAL_SETTINGS = ("checkpoint_seconds", "threads")
 
 
-def settings_identity(train: dict) -> dict:
+def settings_identity(settings: TrainSettings) -> dict:
     """head.train as a head's identity holds it: every TrainSettings field (defaults filled in, so a knob written
     into the YAML at its default value, or left out, names the same head), less OPERATIONAL_SETTINGS."""
-    full = asdict(TrainSettings.from_dict(train))
+    full = asdict(settings)
     full["betas"] = list(full["betas"])
     return {k: v for k, v in full.items() if k not in OPERATIONAL_SETTINGS}
 
@@ -294,7 +294,7 @@ def comparable(identity: dict) -> dict:
     """A train.json as written by any version (older ones hold head.train as the YAML had it), normalized like
     train_identity; a marker whose settings TrainSettings cannot read compares unequal to every identity."""
     try:
-        return {**identity, "train": settings_identity(identity["train"])}
+        return {**identity, "train": settings_identity(TrainSettings.from_dict(identity["train"]))}
     except (KeyError, TypeError, ValueError):
         return identity
 
