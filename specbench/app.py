@@ -17,6 +17,7 @@ from .errors import ConfigError, LosslessnessError, require
 from .heads.artifact import recorded_sha256
 from .lossless import LosslessCheck
 from .metrics import one_per_prompt, summarize
+from .models.execution import model_identity
 from .models.precision import precision_of_config
 from .records import SCHEMA_VERSION, run_key, write_json
 from .report.console import render_headline, render_table
@@ -61,7 +62,7 @@ def spec_for(cfg: DictConfig, method_cfg: DictConfig, engine=None) -> RunSpec:
         method["head_sha256"] = head_sha256
     identity = {
         "schema": SCHEMA_VERSION,
-        "model": OmegaConf.to_container(cfg.model, resolve=True),
+        "model": model_identity(OmegaConf.to_container(cfg.model, resolve=True)),
         "data": data,
         "method": method,
         "sampling": OmegaConf.to_container(cfg.sampling, resolve=True),
@@ -195,8 +196,15 @@ def measure(cfg: DictConfig, spec: RunSpec, pair=None) -> dict:
             runner.tracker = tracker
             (records,) = runner.run([method], examples, warmup_example, reference=baseline_records)
 
+    facts = {}
+    if pair.execution.static:  # how the forwards ran, and the (untimed) capture work done for it
+        graphs, seconds = pair.captures
+        facts["execution"] = {**pair.execution.as_record(), "graphs_captured": graphs, "capture_s": seconds}
+        if pair.execution.graphs:
+            print(f"[specbench] CUDA graphs: {graphs} captured in {seconds:.1f} s, outside every timed region",
+                  file=sys.stderr)
     return finish(cfg, spec, base_spec, records, baseline_records, tracker,
-                  precision=pair.precision.as_record(), dtype=pair.dtype, threads=threads)
+                  precision=pair.precision.as_record(), dtype=pair.dtype, threads=threads, **facts)
 
 
 def finish(cfg: DictConfig, spec: RunSpec, base_spec: RunSpec, records: list[dict], baseline_records, tracker,

@@ -31,6 +31,7 @@ from .environment import available_cores
 from .errors import ConfigError, require, require_count
 from .lossless import LosslessCheck
 from .metrics import compare, fmt, matched_baseline, summarize
+from .models.execution import Execution, execution_of_config
 from .models.precision import precision_of_config
 from .report.console import render_table, speedup_text
 from .report.experiment import hydra_context
@@ -70,6 +71,22 @@ def validate(cfg: DictConfig) -> None:
     option_list(cfg, "datasets", "data")
     option_list(cfg, "methods", "method")
     precision_of_config(cfg.model)  # a bad dtype/device/linear kernel fails here
+    executions(cfg)  # graphs on a CPU, an unknown mode: the same
+
+
+def executions(cfg: DictConfig) -> list[Execution]:
+    """``executions``: the modes every method runs in, side by side (each resolved for the pair's device; a mode
+    that resolves to one already listed, auto = eager on a CPU, is measured once)."""
+    value = cfg.executions
+    value = [value] if isinstance(value, str) else value
+    require(isinstance(value, (list, ListConfig)) and len(value) > 0, "executions",
+            f"must be a list of execution modes, e.g. executions=[eager,static], got {value!r}")
+    resolved: list[Execution] = []
+    for mode in value:
+        execution = execution_of_config(OmegaConf.merge(cfg.model, {"execution": mode}))
+        if execution.mode not in [e.mode for e in resolved]:
+            resolved.append(execution)
+    return resolved
 
 
 def compose_all(cfg: DictConfig):
@@ -104,17 +121,31 @@ def run(cfg: DictConfig) -> dict:
     threads = cfg.threads or available_cores()
     torch.set_num_threads(threads)
     base, fp32_cfg, method_cfgs, data_cfgs = compose_all(cfg)
-    pair = build(base, "model")
+    modes = executions(cfg)
+    loaded = build(base, "model")
+    # one pair per execution mode, all on the same weights: the first mode's runs the baseline's rounds
+    pairs = {e.mode: loaded if loaded.execution.mode == e.mode else loaded.with_execution(e) for e in modes}
+    pair = pairs[modes[0].mode]
     sampling = dict(temperature=float(cfg.temperature), top_p=float(cfg.top_p), seed=0)  # prompt i: seed + i
     built = {}
-    for name, method_cfg in method_cfgs.items():
-        if "gamma" in method_cfg and name in ("speculative", "hf_assisted"):
-            method_cfg.gamma = cfg.gamma
-        built[name] = build(method_cfg, "method", pair=pair, **sampling)
+    for mode, mode_pair in pairs.items():
+        for name, method_cfg in method_cfgs.items():
+            if "gamma" in method_cfg and name in ("speculative", "hf_assisted"):
+                method_cfg.gamma = cfg.gamma
+            label = name if len(pairs) == 1 else f"{name}@{mode}"
+            try:
+                built[label] = build(method_cfg, "method", pair=mode_pair, **sampling)
+            except ConfigError as exc:  # a method that cannot run in this mode (hf_assisted on some transformers)
+                if mode_pair is pair or name == next(iter(method_cfgs)):
+                    raise
+                print(f"[specbench.bench] {label} left out: {exc}", file=sys.stderr)
     if fp32_cfg is not None:
         built[FP32_GREEDY] = build(method_cfgs[next(iter(method_cfgs))], "method", pair=build(fp32_cfg, "model"),
                                    **sampling)
     names = list(built)
+    first = next(iter(method_cfgs))  # each mode's baseline: the first method in that mode
+    baseline_of = {name: (first if len(pairs) == 1 else f"{first}@{name.rsplit('@', 1)[1]}") if name != FP32_GREEDY
+                   else names[0] for name in names}
     runner = Runner(pair, cfg.max_new_tokens, warmup=cfg.warmup, progress=False, threads=threads,
                     lossless=LosslessCheck(pair, threads))
     out = Path(cfg.out) / time.strftime("%Y%m%d-%H%M%S")
@@ -136,18 +167,28 @@ def run(cfg: DictConfig) -> dict:
     baseline = records[names[0]]
     # the fp32 greedy is another model (dtype): timed for its speed, its tokens are not expected to be greedy's
     # at temperature > 0 outputs are samples: compared by distribution (the tests), not token by token
+    # every method against its own mode's greedy, timed in the same rounds (a mode's greedy against the first's)
     exact = sampling["temperature"] == 0
-    summaries = {name: summarize(recs, baseline, exact=exact and name != FP32_GREEDY, is_baseline=name == names[0])
+    summaries = {name: summarize(recs, records[baseline_of[name]] if name != baseline_of[name] else baseline,
+                                 exact=exact and name != FP32_GREEDY, is_baseline=name == names[0])
                  for name, recs in records.items()}
     print(render_table(list(summaries.items())))
 
-    target_costs = cost_model.measure_costs(pair.target, first_prompt, repeats=cfg.cost_repeats)
-    draft_costs = cost_model.measure_costs(pair.draft, first_prompt, repeats=cfg.cost_repeats) if pair.draft else None
-    print_cost_table(target_costs, draft_costs)
-    efficiency = efficiency_rows(records, names, summaries, target_costs, draft_costs)
+    forward_ms, efficiency = {}, {}
+    for mode, mode_pair in pairs.items():
+        target_costs = cost_model.measure_costs(mode_pair.lm("target"), first_prompt, repeats=cfg.cost_repeats)
+        draft_costs = (cost_model.measure_costs(mode_pair.lm("draft"), first_prompt, repeats=cfg.cost_repeats)
+                       if mode_pair.draft is not None else None)
+        print(f"execution: {mode_pair.execution.describe()}")
+        print_cost_table(target_costs, draft_costs)
+        mine = [n for n in names if n == FP32_GREEDY and mode == modes[0].mode or n != FP32_GREEDY and (
+            len(pairs) == 1 or n.endswith(f"@{mode}"))]
+        efficiency.update(efficiency_rows(records, mine, summaries, target_costs, draft_costs, baseline_of))
+        forward_ms[mode] = {"target": target_costs, "draft": draft_costs}
     result = {"pair": pair.name, "precision": pair.precision.as_record(), "threads": threads,
+              "executions": {mode: p.execution.as_record() for mode, p in pairs.items()},
               "max_new_tokens": cfg.max_new_tokens, "gamma": cfg.gamma, "sampling": sampling,
-              "forward_ms": {"target": target_costs, "draft": draft_costs}, "efficiency": efficiency,
+              "forward_ms": forward_ms[modes[0].mode] if len(pairs) == 1 else forward_ms, "efficiency": efficiency,
               "summaries": {k: {kk: vv for kk, vv in v.items() if kk not in ("first_divergence", "divergences")}
                             for k, v in summaries.items()}}
     ours, theirs = summaries.get("speculative", {}).get("speedup"), summaries.get("hf_assisted", {}).get("speedup")
@@ -174,14 +215,18 @@ def print_cost_table(target_costs: dict, draft_costs: dict | None) -> None:
             print(f"{label:<6} x   " + " ".join(f"{v:6.2f}" for v in cost_model.ratio_table(table).values()))
 
 
-def efficiency_rows(records, names, summaries, target_costs, draft_costs) -> dict:
-    """Per method: tok/s, paired speed-up with its interval, τ, the cost bound and speed-up / bound."""
+def efficiency_rows(records, names, summaries, target_costs, draft_costs, baseline_of: dict | None = None) -> dict:
+    """Per method of ``names`` but its baseline (``baseline_of[name]``, else ``names[0]``): tok/s, paired speed-up
+    with its interval, τ, the cost bound (from this mode's forward costs) and speed-up / bound."""
     rows = {}
     print(f"{'method':<14} {'tok/s':>7} {'speed-up [95% CI]':>22} {'Σ/Σ':>5} {'tau':>5} {'bound':>6} "
           f"{'efficiency':>10}")
-    for name in names[1:]:
+    for name in names:
+        against = (baseline_of or {}).get(name, names[0])
+        if name == against:
+            continue
         s = summaries[name]
-        base = matched_baseline(records[name], records[names[0]])
+        base = matched_baseline(records[name], records[against])
         limit = cost_model.bound(records[name], base, target_costs, draft_costs if name != FP32_GREEDY else None)
         # measured Σtokens/Σtime of the same pairs over the bound's Σ-over-Σ prediction: like for like
         eff = s["speedup_total"] / limit if limit and s.get("speedup_total") and name != FP32_GREEDY else None

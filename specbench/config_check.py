@@ -35,6 +35,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from .config_types import Range, describe, problem
 from .errors import ConfigError, require
+from .models.execution import execution_of_config
 from .models.precision import precision_of_config
 
 
@@ -89,6 +90,7 @@ class ConfigOnlyPair:
     def __init__(self, model: dict):
         self.name = model.get("name")
         self.draft = None if "draft" in model and model["draft"] is None else "<draft model, not loaded yet>"
+        self.execution = execution_of_config(model)  # resolved without loading (static buckets vs trees)
         vocab = vocab_size_before_loading(model)
         if vocab is not None:
             self.vocab_size = vocab
@@ -138,11 +140,14 @@ def check_components(cfg: DictConfig, pair=None) -> None:
         require(isinstance(node, dict) and "_target_" in node, key, "must be a config with a _target_")
         check_node(node, key, METHOD_RUNTIME if key in ("method", "baseline") else {})
     precision_of_config(cfg.model)  # a bad dtype / device / linear kernel fails here, before any weights load
+    execution_of_config(cfg.model)  # graphs on a CPU, bad buckets: the same
     sampling = plain(cfg, "sampling")
     stand_in = pair if pair is not None else ConfigOnlyPair(model)
     construct(cfg.data, "data")
     for key in ("method", "baseline"):
-        construct(cfg[key], key, pair=stand_in, **sampling)
+        method = construct(cfg[key], key, pair=stand_in, **sampling)
+        if method is not None and hasattr(method, "check_blocks"):
+            method.check_blocks()  # a tree larger than every bucket (static / graphs execution)
     if cfg.get("logger") is not None:
         construct(cfg.logger, "logger")
 
@@ -236,21 +241,22 @@ def parameters(target) -> dict[str, Param]:
     return out
 
 
-def construct(node: DictConfig, key: str, **kwargs) -> None:
-    """Build ``node`` once and drop it, so the constructor's own checks run now; a constructor that needs the
-    loaded model (ModelNotLoaded) is left to check itself when the real one is built."""
+def construct(node: DictConfig, key: str, **kwargs):
+    """Build ``node`` once so the constructor's own checks run now, and return it; a constructor that needs the
+    loaded model (ModelNotLoaded) is left to check itself when the real one is built (None)."""
     from .app import build  # app imports this module
 
     try:
-        build(node, key, **kwargs)
+        return build(node, key, **kwargs)
     except ModelNotLoaded:  # raised by the constructor itself (build calls it outside Hydra)
-        return
+        return None
     except ConfigError as exc:  # or wrapped by Hydra, when a nested node's constructor raised it
         cause = exc.__cause__
         while cause is not None and not isinstance(cause, ModelNotLoaded):
             cause = cause.__cause__
         if cause is None:
             raise
+        return None
 
 
 def check_records_dir(path) -> None:

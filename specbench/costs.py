@@ -27,8 +27,12 @@ EXTRA_SIZES = (48, 64, 128, 256, 512)  # prefill-sized blocks, only to predict p
 def measure_costs(model, prompt: list[int], sizes=TABLE_SIZES + EXTRA_SIZES, repeats: int = 3) -> dict[int, float]:
     """ms per forward of k tokens after ``prompt``, the cache cropped back to the prompt after each: the median
     of ``repeats`` passes over all sizes (after one warm pass), sizes interleaved within a pass so that a load
-    change on the machine hits every size alike instead of skewing the ratio T(k)/T(1)."""
-    lm, watch = CachedLM(model), Stopwatch(next(model.parameters()).device)
+    change on the machine hits every size alike instead of skewing the ratio T(k)/T(1).
+
+    model: a transformers model (eager forwards), or a CachedLM of the execution mode to measure (``pair.lm``:
+    static-cache forwards padded to buckets, CUDA graphs)."""
+    lm = model if hasattr(model, "crop") else CachedLM(model)
+    watch = Stopwatch(lm.device)
     lm.forward(prompt, keep_last=1)
     times: dict[int, list[float]] = {k: [] for k in sizes}
     for _ in range(repeats + 1):

@@ -25,6 +25,7 @@ import json
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -65,10 +66,19 @@ def _rows_by_blocks(lm: CachedLM, prompt: list[int], tokens: list[int], k: int, 
     return torch.cat(rows)
 
 
+def lm_maker(model_or_pair) -> Callable[[], CachedLM]:
+    """A new CachedLM per call: of a bare model (eager), or of a pair's target in the pair's execution mode (a
+    static cache of its own, role ``check``), so the noise is that of the forwards the run measured."""
+    if hasattr(model_or_pair, "lm"):
+        return lambda: model_or_pair.lm("check")
+    return lambda: CachedLM(model_or_pair)
+
+
 def greedy_steps(model, prompt: list[int], n: int) -> tuple[list[int], torch.Tensor]:
     """Greedy's next ``n`` tokens after ``prompt``, fed one at a time, and the logits each one-token step
-    returned ([n, vocab]: row i follows token i, as a block forward's row i does)."""
-    lm = CachedLM(model)
+    returned ([n, vocab]: row i follows token i, as a block forward's row i does). ``model``: a model or a pair
+    (lm_maker)."""
+    lm = lm_maker(model)()
     logits = lm.forward(prompt, keep_last=1)[-1]
     tokens, rows = [], []
     for _ in range(n):
@@ -80,13 +90,15 @@ def greedy_steps(model, prompt: list[int], n: int) -> tuple[list[int], torch.Ten
 
 def measure_noise(model, prompts: list[list[int]], positions: int = 32, blocks=(2, 4, 8, 16, 32)) -> NoiseProfile:
     """Feed each prompt's greedy continuation one token at a time and in blocks of k (causal and tree-masked);
-    δ = the largest absolute logit difference between the paths, over all positions and vocabulary entries."""
+    δ = the largest absolute logit difference between the paths, over all positions and vocabulary entries.
+    ``model``: a model, or a pair (its target in the pair's execution mode: lm_maker)."""
     per_block: dict[str, float] = {}
+    new_lm = lm_maker(model)
     for prompt in prompts:
         tokens, steps = greedy_steps(model, prompt, positions)
         for k in blocks:
             for tree in (False, True):
-                rows = _rows_by_blocks(CachedLM(model), prompt, tokens, k, tree)
+                rows = _rows_by_blocks(new_lm(), prompt, tokens, k, tree)
                 key = f"{'tree' if tree else 'causal'}-{k}"
                 per_block[key] = max(per_block.get(key, 0.0), float((rows - steps).abs().max()))
     return NoiseProfile(max_abs_diff=max(per_block.values()), per_block=per_block, positions=positions * len(prompts))
@@ -107,6 +119,7 @@ def noise_cache_path(pair, threads: int) -> Path:
 
     # the profile is the target's alone: what the pair says of its draft (loaded or not) must not split the cache
     identity = {"pair": pair.name, "info": pair.target_info, "precision": pair.precision.as_record(),
+                **({"execution": pair.execution.as_record()} if pair.execution.static else {}),
                 "threads": threads, "torch": torch.__version__, "device": str(pair.device),
                 "device_name": device_name(pair.device), "weights": fingerprint(pair.target)}
     digest = hashlib.sha1(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:16]
@@ -121,21 +134,23 @@ def noise_profile(pair, threads: int) -> NoiseProfile:
     print(f"[specbench] measuring the target's logit noise between one-token and block forwards ({pair.dtype}); "
           "once per pair, dtype and machine", file=sys.stderr)
     prompts = [pair.encode(text, chat=False) for text in CALIBRATION_TEXTS]
-    profile = measure_noise(pair.target, prompts)
+    profile = measure_noise(pair, prompts)
     write_json(path, asdict(profile))
     return profile
 
 
 def logits_at(model, prefix: list[int], block: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The target's next-token logits after ``prefix``: (by a one-token step, by a ``block``-token forward)."""
-    step = CachedLM(model)
+    """The target's next-token logits after ``prefix``: (by a one-token step, by a ``block``-token forward).
+    ``model``: a model or a pair (lm_maker)."""
+    new_lm = lm_maker(model)
+    step = new_lm()
     if len(prefix) > 1:
         step.forward(prefix[:-1], keep_last=1)
     by_step = step.forward(prefix[-1:])[-1]
     if len(prefix) < 3:  # no room for a block after a prefill: the two ways coincide
         return by_step, by_step
     k = min(block, len(prefix) - 1)
-    blocked = CachedLM(model)
+    blocked = new_lm()
     blocked.forward(prefix[:-k], keep_last=1)
     by_block = blocked.forward(prefix[-k:], keep_last=1)[-1]
     return by_step, by_block
@@ -175,7 +190,7 @@ class LosslessCheck:
         if result["verdict"] == IDENTICAL or "reason" in result:
             return result
         d, g, m = result["index"], result["greedy_token"], result["method_token"]
-        by_step, by_block = logits_at(self.pair.target, list(prompt_ids) + list(greedy_ids[:d]), self.block)
+        by_step, by_block = logits_at(self.pair, list(prompt_ids) + list(greedy_ids[:d]), self.block)
         here = float((by_step - by_block).abs().max())
         tolerance = TOLERANCE_FACTOR * max(self.profile.max_abs_diff, here)
         gap = float(by_step[g] - by_step[m])

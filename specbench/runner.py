@@ -137,6 +137,11 @@ class Runner:
         records = [list(p) for p in previous]
         if todo:
             needed = {0, *(j for t in todo for j in t[3])}
+            static = {id(e.method.pair): e.method.pair for e in entries if e.method.pair.execution.static}
+            if static:  # size every static cache before anything is timed (no regrowth, no capture while timed)
+                longest = self.longest_sequence([warmup_example] + [t[2] for t in todo])
+                for pair in static.values():
+                    pair.reserve(longest)
             for j in sorted(needed):
                 self.warm_up(entries[j].method, warmup_example)
             bar = tqdm(total=len(todo), desc="+".join(e.spec.method for e in entries), unit="prompt",
@@ -200,6 +205,13 @@ class Runner:
             method.prepare(prompt_ids, budget, self.pair.eos_ids)
             method.generate(prompt_ids, budget, self.pair.eos_ids)
 
+    def longest_sequence(self, examples: list[Example]) -> int:
+        """An upper bound on the positions one generation's cache holds: every turn's prompt encoded on its own
+        (a conversation's later turns hold the earlier ones, so this over-counts a template's preamble) plus
+        the budget of every turn and a chat template's framing of each answer."""
+        return max(sum(len(self.pair.encode(text, chat=self.chat)) + self.max_new_tokens + 16 for text in ex.turns)
+                   for ex in examples)
+
     def encode(self, messages: list[dict], conversation: bool) -> list[int]:
         return self.pair.encode(prompt_of(messages, conversation), chat=self.chat)
 
@@ -209,11 +221,15 @@ class Runner:
         method.reset(self.seed + index)
         if warm:
             method.restore_state(state)
+        captures = method.pair.captures
         turns, prompts = self.generate_turns(method, example)
         if warm:
             self.states[(id(method), spec.key)].setdefault(index + 1, method.carried_state())
+        execution = {**method.pair.execution.as_record(),
+                     "captured_while_timed": method.pair.captures[0] - captures[0]}  # 0 unless a cache regrew
         record = build_record(spec, example, index, repeat, self.max_new_tokens, turns, dtype=method.pair.dtype,
-                              env={**self.env, "precision": method.pair.precision.as_record()},
+                              env={**self.env, "precision": method.pair.precision.as_record(),
+                                   "execution": execution},
                               model_info=method.pair.info, config=self.config)
         return Measurement(record, prompts)
 

@@ -11,6 +11,11 @@ between steps timed back to back (95% interval over rounds). A method's speed-up
 about τ / cost. With random weights every draft is rejected, so each step emits one token: the cost is that of
 a full step (draft, tree, verify, cache bookkeeping), not of a short one.
 
+``--execution eager,graphs`` (the default ``eager,auto`` is that on CUDA) runs every method in each mode side by
+side, each against its own mode's greedy, and adds per mode the bare forward costs T(k) and per method the
+forwards' own ms per step and the overhead = step / forwards: what the loop, sampling, cache bookkeeping and a
+head's forwards add to the model forwards (with graphs the target for this is <= 1.10x).
+
 For a machine where the real weights cannot go (a lent GPU without the hub): what would the τ we measured buy
 there? Prints a table and, with ``--json``, writes it.
 """
@@ -28,6 +33,7 @@ import torch
 from .environment import device_name
 from .errors import ConfigError
 from .metrics import bootstrap_mean_ci
+from .models.execution import resolve_execution
 from .models.pair import ModelPair, prepare_for_inference
 from .models.precision import resolve_precision
 from .timing import Stopwatch
@@ -76,43 +82,73 @@ def random_head_dir(target_config, kind: str, draft_vocab: int, directory: Path)
     return str(directory)
 
 
-def methods_for(pair, args, head_dir: str) -> dict:
+def methods_for(pair, args, head_dir: str, suffix: str = "") -> dict:
     from .methods.feature_head import FeatureHeadMethod
     from .methods.greedy import Greedy
     from .methods.speculative import SpeculativeDecoding
 
-    methods = {"greedy": Greedy(pair, "greedy"), f"speculative γ={args.gamma}": SpeculativeDecoding(
-        pair, "speculative", gamma=args.gamma)}
+    methods = {"greedy" + suffix: Greedy(pair, "greedy"),
+               f"speculative γ={args.gamma}{suffix}": SpeculativeDecoding(pair, "speculative", gamma=args.gamma)}
     for tree, k, depth, nodes in TREES:
-        methods[f"{args.kind} {tree} (K {k}, D {depth}, {nodes} nodes)"] = FeatureHeadMethod(
+        methods[f"{args.kind} {tree} (K {k}, D {depth}, {nodes} nodes){suffix}"] = FeatureHeadMethod(
             pair, args.kind, kind=args.kind, head=head_dir, top_k=k, depth=depth, max_nodes=nodes)
     return methods
 
 
-def ms_per_step(method, prompt: list[int], new_tokens: int, watch: Stopwatch) -> float:
-    """Decode time after the prefill mark over the target forwards after it (one per step)."""
+def step_of(method, prompt: list[int], new_tokens: int, watch: Stopwatch) -> tuple[float, object]:
+    """(ms per step after the prefill mark: decode time over the target forwards after it, the Generation)."""
     watch.start()
     gen = method.generate(prompt, new_tokens, set(), timeline=watch)
     total = watch.stop()
     steps = gen.target_forwards - 1
-    return 1000 * (total - watch.marks.get("prefill", 0.0)) / max(steps, 1)
+    return 1000 * (total - watch.marks.get("prefill", 0.0)) / max(steps, 1), gen
 
 
-def measure(methods: dict, prompt: list[int], new_tokens: int, rounds: int, device) -> dict:
+def ms_per_step(method, prompt: list[int], new_tokens: int, watch: Stopwatch) -> float:
+    return step_of(method, prompt, new_tokens, watch)[0]
+
+
+def forwards_ms_per_step(gen, target_costs: dict, draft_costs: dict | None) -> float:
+    """What the forwards of the timed steps cost by the forward-cost table: the target's after its first (the
+    prefill) and the draft's after its first (which reads the prompt before the first step), per step."""
+    from .costs import interpolate
+
+    sizes = gen.forward_sizes
+    total = sum(interpolate(target_costs, k) for k in sizes.get("target", [])[1:])
+    if draft_costs:
+        total += sum(interpolate(draft_costs, k) for k in sizes.get("draft", [])[1:])
+    return total / max(gen.target_forwards - 1, 1)
+
+
+def measure(methods: dict, prompt: list[int], new_tokens: int, rounds: int, device, baseline_of=None,
+            forward_costs: dict | None = None, mode_of=None) -> dict:
+    """Every method timed once per round, all interleaved in one process; cost = a step over its baseline's
+    (``baseline_of[name]``, default greedy) step in the same round. With ``forward_costs`` ({mode: (target
+    table, draft table)}) also the forwards' own ms per step and overhead = step / forwards (loop, sampling,
+    cache bookkeeping, a head's forwards: all that is not a model forward)."""
     watch = Stopwatch(device)
     for method in methods.values():  # warm-up, a whole generation each: kernels, allocator, caches, clocks
         ms_per_step(method, prompt, new_tokens, watch)
     times: dict[str, list[float]] = {name: [] for name in methods}
+    gens: dict[str, object] = {}
     for _ in range(rounds):
         for name, method in methods.items():
-            times[name].append(ms_per_step(method, prompt, new_tokens, watch))
-    greedy = times["greedy"]
+            ms, gens[name] = step_of(method, prompt, new_tokens, watch)
+            times[name].append(ms)
     rows = {}
     for name, values in times.items():
-        ratios = [v / g for v, g in zip(values, greedy)]
+        base = times[(baseline_of or {}).get(name, "greedy")]
+        ratios = [v / g for v, g in zip(values, base)]
         rows[name] = {"ms_per_step": statistics.median(values), "cost": statistics.fmean(ratios),
                       "cost_ci": bootstrap_mean_ci([[r] for r in ratios]), "ms": values}
+        if forward_costs:
+            target_costs, draft_costs = forward_costs[mode_of(name) if mode_of else next(iter(forward_costs))]
+            forwards = forwards_ms_per_step(gens[name], target_costs, draft_costs)
+            rows[name].update(forwards_ms_per_step=forwards, overhead=rows[name]["ms_per_step"] / forwards)
     return rows
+
+
+FORWARD_SIZES = (1, 2, 4, 5, 8, 16, 32, 64)
 
 
 def main(argv=None) -> None:
@@ -121,6 +157,9 @@ def main(argv=None) -> None:
     parser.add_argument("--draft", help="checkpoint dir whose config.json shapes the draft (speculative)")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--execution", default="eager,auto",
+                        help="execution modes side by side, comma-separated: eager, static, graphs, auto (graphs on "
+                             "CUDA, eager elsewhere); default eager,auto")
     parser.add_argument("--kind", default="griffin", choices=("griffin", "eagle"))
     parser.add_argument("--draft-vocab", type=int, default=32000, help="the head's reduced vocabulary (0: full)")
     parser.add_argument("--gamma", type=int, default=4)
@@ -133,27 +172,61 @@ def main(argv=None) -> None:
         target_config = config_of(args.target, "--target")
         draft_config = config_of(args.draft, "--draft") if args.draft else None
         precision = resolve_precision(args.dtype, args.device)
+        modes = []
+        for mode in args.execution.split(","):
+            execution = resolve_execution(mode.strip(), args.device, key="--execution")
+            if execution.mode not in [m.mode for m in modes]:
+                modes.append(execution)
     except ConfigError as error:
         sys.exit(f"error: {error}")
-    print(f"[step_costs] {precision.dtype} on {precision.device} ({precision.reason}); random weights", flush=True)
+    print(f"[step_costs] {precision.dtype} on {precision.device} ({precision.reason}); random weights; execution "
+          f"{', '.join(m.mode for m in modes)}", flush=True)
     target = random_model(target_config, precision, seed=0)
     draft = random_model(draft_config, precision, seed=1) if draft_config is not None else target
-    pair = ModelPair(name="step-costs", target=target, draft=draft, tokenizer=IdsOnly(target_config.vocab_size),
-                     eos_ids=set(), precision=precision, info={"target": f"random({args.target})"})
+    eager = ModelPair(name="step-costs", target=target, draft=draft, tokenizer=IdsOnly(target_config.vocab_size),
+                      eos_ids=set(), precision=precision, info={"target": f"random({args.target})"})
+    pairs = {m.mode: eager.with_execution(m) for m in modes}
     prompt = torch.randint(0, target_config.vocab_size, (args.prompt_tokens,),
                            generator=torch.Generator().manual_seed(2)).tolist()
+    several = len(pairs) > 1
     with tempfile.TemporaryDirectory() as tmp:
         head_dir = random_head_dir(target_config, args.kind, args.draft_vocab, Path(tmp) / "head")
-        rows = measure(methods_for(pair, args, head_dir), prompt, args.new_tokens, args.rounds, pair.device)
-    print(f"{'method':<46} {'ms/step':>8} {'cost (greedy steps)':>22}")
+        methods, baseline_of, mode_of = {}, {}, {}
+        for mode, pair in pairs.items():
+            suffix = f" @{mode}" if several else ""
+            for name, method in methods_for(pair, args, head_dir, suffix).items():
+                methods[name], baseline_of[name], mode_of[name] = method, "greedy" + suffix, mode
+        for pair in pairs.values():
+            if pair.execution.static:  # every cache sized and every graph captured before anything is timed
+                pair.reserve(args.prompt_tokens + args.new_tokens + 16)
+        forward_costs = {mode: forward_tables(pair, prompt) for mode, pair in pairs.items()}
+        rows = measure(methods, prompt, args.new_tokens, args.rounds, eager.device, baseline_of, forward_costs,
+                       mode_of.get)
+    for mode, (target_costs, draft_costs) in forward_costs.items():
+        print(f"forward ms, {mode}: target " + " ".join(f"{k}:{target_costs[k]:.2f}" for k in FORWARD_SIZES)
+              + ("; draft " + " ".join(f"{k}:{draft_costs[k]:.2f}" for k in FORWARD_SIZES) if draft_costs else ""))
+    print(f"{'method':<54} {'ms/step':>8} {'cost (greedy steps)':>22} {'forwards':>9} {'overhead':>9}")
     for name, row in rows.items():
         ci = row["cost_ci"]
         interval = f"[{ci[0]:.2f}, {ci[1]:.2f}]" if ci else ""
-        print(f"{name:<46} {row['ms_per_step']:8.2f} {row['cost']:8.2f} {interval:>13}")
+        print(f"{name:<54} {row['ms_per_step']:8.2f} {row['cost']:8.2f} {interval:>13} "
+              f"{row['forwards_ms_per_step']:9.2f} {row['overhead']:8.2f}x")
     if args.json:
-        Path(args.json).write_text(json.dumps({"device": device_name(pair.device), "dtype": precision.dtype,
-                                               "torch": torch.__version__, "args": vars(args), "rows": rows},
-                                              indent=1))
+        Path(args.json).write_text(json.dumps({
+            "device": device_name(eager.device), "dtype": precision.dtype, "torch": torch.__version__,
+            "args": vars(args), "executions": {mode: p.execution.as_record() for mode, p in pairs.items()},
+            "captures": {mode: {"graphs": p.captures[0], "seconds": p.captures[1]} for mode, p in pairs.items()},
+            "forward_ms": {mode: {"target": t, "draft": d} for mode, (t, d) in forward_costs.items()},
+            "rows": rows}, indent=1))
+
+
+def forward_tables(pair, prompt: list[int]) -> tuple[dict, dict | None]:
+    """ms per target (and draft) forward of k tokens after ``prompt``, in the pair's execution mode."""
+    from .costs import measure_costs
+
+    target = measure_costs(pair.lm("target"), prompt, sizes=FORWARD_SIZES)
+    draft = measure_costs(pair.lm("draft"), prompt, sizes=FORWARD_SIZES) if pair.draft is not pair.target else None
+    return target, draft
 
 
 if __name__ == "__main__":

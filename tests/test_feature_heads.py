@@ -114,7 +114,7 @@ def test_the_first_step_is_the_prefill_and_trees_are_tries_within_budget(tmp_pat
     assert len(proposal.tokens) == 8 and 2 <= proposal.depth <= 3
     kids = proposal.children()
     assert all(len({proposal.tokens[c] for c in cs}) == len(cs) for cs in kids.values())  # a trie
-    assert len(kids[-1]) <= 3 and tree.cache.length == 2  # K children at most; tree nodes cropped away
+    assert len(kids[-1]) <= 3 and tree.runner.length == 2  # K children at most; tree nodes cropped away
 
 
 def test_rerank_keeps_the_best_paths_by_cumulative_log_probability(tmp_path):

@@ -5,6 +5,7 @@ Invariant kept by the linear methods: the cache holds exactly the committed toke
 """
 from __future__ import annotations
 
+import inspect
 from typing import Sequence
 
 import torch
@@ -25,6 +26,7 @@ class CachedLM:
         self.vocab = vocab
         self.device = next(model.parameters()).device  # where input ids go (the embedding's device)
         self.cache = None
+        self.cache_arg = cache_argument(model)  # what this transformers version calls the cache argument
         self.sizes: list[int] = []  # tokens fed per model call since reset(), in order
 
     @property
@@ -72,8 +74,8 @@ class CachedLM:
 
     def _run(self, input_ids: torch.Tensor, kwargs: dict) -> torch.Tensor:
         """One model call on (1, n) ids after the cache; keeps the new cache, returns (1, k, V) logits."""
-        out = self.model(input_ids=input_ids, past_key_values=self.cache, use_cache=True, **kwargs)
-        self.cache = out.past_key_values
+        out = self.model(input_ids=input_ids, use_cache=True, **{self.cache_arg: self.cache}, **kwargs)
+        self.cache = returned_cache(out)
         return out.logits
 
     def features_at(self, rows: Sequence[int]) -> torch.Tensor | None:
@@ -99,6 +101,17 @@ class CachedLM:
             layer.values = layer.values.index_select(-2, on_device[device])
 
 
+def cache_argument(model: torch.nn.Module) -> str:
+    """How this transformers version's model takes its cache: ``cache`` (5.20+; ``past_key_values`` is deprecated
+    there) or ``past_key_values`` (before)."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
+def returned_cache(out):
+    """The cache a model call returned, by either name (``cache`` from 5.20, ``past_key_values`` before)."""
+    return out["cache"] if "cache" in out else out["past_key_values"]
+
+
 def fit_vocabulary(logits: torch.Tensor, vocab: int | None) -> torch.Tensor:
     """(n, V_model) logits -> (n, vocab): cut, or padded with -inf (see CachedLM)."""
     if vocab is None or logits.shape[-1] == vocab:
@@ -117,16 +130,21 @@ class FeatureLM(CachedLM):
 
     def __init__(self, model: torch.nn.Module, vocab: int | None = None):
         super().__init__(model, vocab)
+        self.check_model(model)
+        self.hidden: torch.Tensor | None = None  # (n, H) of the last call, in the model's dtype
+
+    @staticmethod
+    def check_model(model: torch.nn.Module) -> None:
+        """Feature heads read lm_head(F) as the logits: a model whose logits are more than that is refused."""
         for attribute in ("final_logit_softcapping", "logit_scale"):
             if getattr(model.config, attribute, None):
                 raise ValueError(f"{type(model).__name__} applies {attribute} after lm_head; feature heads read "
                                  "lm_head(F) as the logits")
-        self.hidden: torch.Tensor | None = None  # (n, H) of the last call, in the model's dtype
 
     def _run(self, input_ids, kwargs):
         keep = kwargs.pop("logits_to_keep", None)
-        out = self.model.base_model(input_ids=input_ids, past_key_values=self.cache, use_cache=True, **kwargs)
-        self.cache = out.past_key_values
+        out = self.model.base_model(input_ids=input_ids, use_cache=True, **{self.cache_arg: self.cache}, **kwargs)
+        self.cache = returned_cache(out)
         hidden = out.last_hidden_state  # (1, n, H)
         self.hidden = hidden[0]
         return self.model.get_output_embeddings()(hidden if keep is None else hidden[:, -keep:])
@@ -136,5 +154,6 @@ class FeatureLM(CachedLM):
 
 
 def draft_lm(pair) -> CachedLM:
-    """The pair's draft, its logits laid out in the target's vocabulary (ModelPair.vocab_size)."""
-    return CachedLM(pair.draft, vocab=pair.vocab_size)
+    """The pair's draft, its logits laid out in the target's vocabulary (ModelPair.vocab_size), in the pair's
+    execution mode."""
+    return pair.lm("draft")

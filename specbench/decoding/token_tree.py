@@ -34,6 +34,21 @@ def ancestors_mask(parents: Sequence[int]) -> torch.Tensor:
     return visible
 
 
+def tree_layout(parents: Sequence[int], past: int,
+                cached_parents: Sequence[int] = ()) -> tuple[int, list[int], torch.Tensor]:
+    """Where a block of tree nodes sits and what it sees: (prefix, positions, local).
+
+    prefix: the cached positions every new node sees (the committed prefix, ``past - m``); positions: each new
+    node's position id; local (n, m + n) bool: what each new node sees among the m cached tree nodes and the new
+    ones (its ancestors and itself). See ``tree_inputs`` for ``cached_parents``.
+    """
+    m = len(cached_parents)
+    if m > past:
+        raise ValueError(f"{m} cached tree nodes but only {past} cached positions")
+    links = list(cached_parents) + list(parents)
+    return past - m, [past - m + d for d in depths(links)[m:]], ancestors_mask(links)[m:]
+
+
 def tree_inputs(parents: Sequence[int], past: int, dtype: torch.dtype, device,
                 cached_parents: Sequence[int] = ()) -> tuple[torch.Tensor, torch.Tensor]:
     """(attention mask (1, 1, n, past + n) additive float: 0 visible / finfo.min hidden, position ids (1, n)).
@@ -46,15 +61,11 @@ def tree_inputs(parents: Sequence[int], past: int, dtype: torch.dtype, device,
     ``past - m + depth``: growing a tree one level per call (SpecInfer's draft expansion) gives what one call
     over the whole tree would. Empty (the default): every cached position is prefix, as before.
     """
-    m = len(cached_parents)
-    if m > past:
-        raise ValueError(f"{m} cached tree nodes but only {past} cached positions")
-    links = list(cached_parents) + list(parents)
-    positions = torch.tensor([[past - m + d for d in depths(links)[m:]]], dtype=torch.long, device=device)
-    visible = torch.cat([torch.ones(len(parents), past - m, dtype=torch.bool), ancestors_mask(links)[m:]], dim=1)
+    prefix, positions, local = tree_layout(parents, past, cached_parents)
+    visible = torch.cat([torch.ones(len(parents), prefix, dtype=torch.bool), local], dim=1)
     mask = torch.zeros(visible.shape, dtype=dtype)
     mask.masked_fill_(~visible, torch.finfo(dtype).min)
-    return mask[None, None].to(device), positions
+    return mask[None, None].to(device), torch.tensor([positions], dtype=torch.long, device=device)
 
 
 def path_to(parents: Sequence[int], node: int) -> list[int]:

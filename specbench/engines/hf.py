@@ -13,9 +13,12 @@ class HfEngine:
         self.name = name
 
     def identity(self, cfg: DictConfig) -> dict | None:
-        """What this engine adds to a run's identity: nothing (runs measured before engines existed keep
-        their keys and resume)."""
-        return None
+        """What this engine adds to a run's identity: how the forwards execute where that is not eager (a static
+        cache, CUDA graphs: models/execution.py); nothing otherwise (runs measured before engines and execution
+        modes existed keep their keys and resume)."""
+        from ..models.execution import execution_identity, execution_of_config
+
+        return execution_identity(execution_of_config(cfg.model))
 
     def check(self, cfg: DictConfig, pair=None) -> None:
         from ..config_check import check_components

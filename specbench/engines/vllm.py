@@ -102,6 +102,10 @@ class VllmEngine:
         for key in ("model", "data", "method", "baseline"):
             check_node(plain(cfg, key), key, METHOD_RUNTIME if key in ("method", "baseline") else {})
         check_locatable(plain(cfg, "model"))
+        execution = plain(cfg, "model").get("execution", "auto")
+        require(execution == "auto", "model.execution",
+                f"{execution}: model.execution is how our own loops run (engine=hf); vLLM decodes with its own "
+                "CUDA graphs, turned off with engine.enforce_eager=true: leave model.execution at auto")
         version = vllm_version()
         self.check_options()
         stand_in = ModelFiles(target="<target>", draft="<draft>" if plain(cfg, "model").get("draft", True) else None,

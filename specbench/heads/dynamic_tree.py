@@ -24,8 +24,8 @@ from __future__ import annotations
 import torch
 
 from ..decoding.proposal import Proposal, Step, StepContext
-from ..decoding.token_tree import tree_inputs
-from .model import DraftHead, HeadCache, TargetParts
+from .head_runner import EagerHeadRunner
+from .model import DraftHead, TargetParts
 
 
 class HeadTree:
@@ -33,12 +33,12 @@ class HeadTree:
 
     draft = None  # no draft model: the head's forwards are counted in ``extra`` (head_forwards)
 
-    def __init__(self, head: DraftHead, parts: TargetParts, top_k: int, depth: int, max_nodes: int):
-        self.head, self.parts = head, parts
+    def __init__(self, head, parts: TargetParts, top_k: int, depth: int, max_nodes: int):
+        """head: a head runner (head_runner.py: the head's forwards in the pair's execution mode), or a DraftHead
+        (run eagerly)."""
+        self.runner = EagerHeadRunner(head, parts) if isinstance(head, DraftHead) else head
+        self.parts = parts
         self.top_k, self.depth, self.max_nodes = top_k, depth, max_nodes
-        self.dtype = next(head.parameters()).dtype
-        self.device = next(head.parameters()).device
-        self.cache = HeadCache()
         self.features: torch.Tensor | None = None  # (known, H): the target's features of the committed tokens
         self.tree_nodes: list[int] = []
         self.tree_depth: list[int] = []
@@ -51,13 +51,8 @@ class HeadTree:
 
     def _head(self, ids: list[int], features: torch.Tensor, parents: list[int], cached_parents: list[int]):
         """One head forward over new positions; returns (logp (n, V_d) float32, regress (n, H))."""
-        mask, positions = tree_inputs(parents, self.cache.length, self.dtype, self.device, cached_parents)
-        embeds = self.parts.embed(torch.tensor([ids], device=self.device))
-        predict, regress = self.head(embeds.to(self.dtype), features[None].to(self.dtype), positions, mask,
-                                     self.cache)
         self.head_forwards += 1
-        logp = torch.log_softmax(self.parts.logits(predict[0]).float(), dim=-1)
-        return logp, regress[0]
+        return self.runner.forward(ids, features, parents, cached_parents)
 
     @torch.inference_mode()
     def propose(self, context: StepContext) -> Proposal:
@@ -69,13 +64,13 @@ class HeadTree:
             return proposal  # the prefill step (no features yet), or no room left
         if self.known != len(tokens) - 1:
             raise RuntimeError(f"HeadTree: features for {self.known} tokens, expected {len(tokens) - 1}")
-        start = self.cache.length  # head positions read so far; read (F_i, x_{i+1}) for i = start .. L-2
+        start = self.runner.length  # head positions read so far; read (F_i, x_{i+1}) for i = start .. L-2
         features = self.features[start:]
         n = len(tokens) - 1 - start
         logp, regress = self._head(tokens[start + 1:], features, list(range(-1, n - 1)), [])
-        committed = self.cache.length
+        committed = self.runner.length
         self._grow(proposal, context, logp[-1:], regress[-1:], depth_cap)
-        self.cache.crop(committed)
+        self.runner.crop(committed)
         self._count(proposal)
         return proposal
 

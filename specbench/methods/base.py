@@ -7,12 +7,12 @@ from __future__ import annotations
 
 from typing import Protocol, Sequence
 
-from ..decoding.cached_lm import CachedLM
 from ..decoding.generation import Generation
 from ..decoding.loop import speculative_generate
 from ..decoding.proposal import Proposer
 from ..decoding.sampling import Sampler
 from ..errors import require
+from ..models.execution import EAGER, check_blocks
 from ..models.pair import ModelPair
 
 
@@ -47,6 +47,16 @@ class DecodingMethod:
     def reset(self, seed: int = 0) -> None:
         """Drop per-prompt state and reseed sampling; called by the runner before every prompt."""
         self.sampler.reset(seed)
+
+    def step_blocks(self) -> dict[str, int]:
+        """The most tokens one step after the first (which also reads the prompt) feeds each model:
+        ``{"target": n}`` (a tree's nodes + x0); a model left out has no bound known from the settings. With a
+        static cache every such block must fit the largest of ``model.buckets`` (``check_blocks``)."""
+        return {}
+
+    def check_blocks(self) -> None:
+        """ConfigError naming model.buckets when a step of this method would not fit the largest bucket."""
+        check_blocks(getattr(self.pair, "execution", EAGER), self.step_blocks(), self.name)
 
     @property
     def carries_state(self) -> bool:
@@ -86,7 +96,7 @@ class ProposerMethod(DecodingMethod):
 
     def generate(self, prompt_ids, max_new_tokens, eos_ids, timeline=NoTimeline()) -> Generation:
         proposer = self.make_proposer(prompt_ids)
-        return speculative_generate(CachedLM(self.pair.target), proposer, prompt_ids, max_new_tokens, eos_ids,
+        return speculative_generate(self.pair.lm("target"), proposer, prompt_ids, max_new_tokens, eos_ids,
                                     self.sampler, timeline)
 
 

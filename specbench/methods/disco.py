@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from ..errors import ConfigError, require
+from ..decoding.graphs import GraphedCall
 from .base import positive_int
 from .sl_policies import StaticSL
 
@@ -115,10 +116,25 @@ class DiscoSL(StaticSL):
                 f"must be a probability τ in [0, 1], got {threshold!r}")
         self.classifier = classifier if isinstance(classifier, DiscoClassifier) else load_classifier(classifier)
         self.threshold = float(threshold)
+        self.graphs = False
+        self.confidence = GraphedCall(self._confidence, None)
+
+    def use_execution(self, execution) -> None:
+        """With CUDA graphs (model.execution: graphs) the classifier (features of the draft's distribution and the
+        FFN, a dozen small kernels per draft token) runs from one captured graph too."""
+        self.graphs = execution.graphs
+
+    def _confidence(self, draft_logits: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
+        features = disco_features(draft_logits, position, self.classifier.top_k).unsqueeze(0)
+        return self.classifier.confidence(features)[0]
 
     def keep_drafting(self, position: int, draft_logits: torch.Tensor, token: int) -> bool:
         if self.classifier.mean.device != draft_logits.device:  # loaded on the CPU; the draft may be on a GPU
             self.classifier.to(draft_logits.device)
+        if self.graphs and self.confidence.capture is None and draft_logits.device.type == "cuda":
+            from ..decoding.graphs import cuda_capture
+
+            self.confidence = GraphedCall(self._confidence, cuda_capture)
         # the feature i: d_i's place in the generated output, as in extraction
-        features = disco_features(draft_logits, self.output_index(position), self.classifier.top_k).unsqueeze(0)
-        return float(self.classifier.confidence(features)[0]) >= self.threshold
+        index = torch.tensor(float(self.output_index(position)), device=draft_logits.device)
+        return float(self.confidence(draft_logits, index)) >= self.threshold

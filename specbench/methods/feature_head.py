@@ -11,11 +11,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..decoding.cached_lm import FeatureLM
 from ..decoding.loop import speculative_generate
 from ..errors import require
 from ..heads.artifact import CONFIG_FILE, load_head, looks_like_hub_id, missing
 from ..heads.dynamic_tree import HeadTree
+from ..heads.head_runner import EagerHeadRunner, StaticHead, StaticHeadRunner
 from ..heads.model import HeadConfig, TargetParts
 from ..models.cpu_linear import apply_linear_kernel
 from .base import NoTimeline, ProposerMethod, positive_int
@@ -40,6 +40,7 @@ class FeatureHeadMethod(ProposerMethod):
         if not looks_like_hub_id(head) and not (Path(head).expanduser() / CONFIG_FILE).is_file():
             raise missing(Path(head).expanduser(), "method.head")
         self.head_source, self.local_files_only = head, local_files_only
+        self.check_blocks()  # here: a ConfigOnlyPair stops the early build at the next line
         target = pair.target  # a ConfigOnlyPair stops the early build here: the rest needs the loaded pair
         self.artifact = load_head(head, kind, local_files_only)
         HeadConfig.for_target(target.config, kind)  # a target no head can draft for (GPT-2) is named first
@@ -53,10 +54,21 @@ class FeatureHeadMethod(ProposerMethod):
         """What a run records about the head (its hash decides the run key through the method config)."""
         return self.artifact.identity
 
+    def step_blocks(self) -> dict[str, int]:
+        return {"target": self.max_nodes + 1}
+
     def make_proposer(self, prompt_ids) -> HeadTree:
-        return HeadTree(self.head, self.parts, self.top_k, self.depth, self.max_nodes)
+        return HeadTree(self.head_runner(), self.parts, self.top_k, self.depth, self.max_nodes)
+
+    def head_runner(self):
+        """The head's forwards in the pair's execution mode (heads/head_runner.py)."""
+        if not self.pair.execution.static:
+            return EagerHeadRunner(self.head, self.parts)
+        static = self.pair.static_for(f"head:{self.name}:{id(self.head)}", lambda **settings: StaticHead(
+            self.head, self.parts, label=f"{self.pair.name} {self.kind} head", **settings))
+        return StaticHeadRunner(static)
 
     def generate(self, prompt_ids, max_new_tokens, eos_ids, timeline=NoTimeline()):
-        target = FeatureLM(self.pair.target)
+        target = self.pair.lm("target", features=True)
         return speculative_generate(target, self.make_proposer(prompt_ids), prompt_ids, max_new_tokens, eos_ids,
                                     self.sampler, timeline)

@@ -5,14 +5,13 @@ it samples from the same processed distribution the speculative methods preserve
 """
 from __future__ import annotations
 
-from ..decoding.cached_lm import CachedLM
 from ..decoding.generation import Generation, finalize_tokens, is_finished
 from .base import DecodingMethod, NoTimeline
 
 
 class Greedy(DecodingMethod):
     def generate(self, prompt_ids, max_new_tokens, eos_ids, timeline=NoTimeline()) -> Generation:
-        target = CachedLM(self.pair.target)
+        target = self.pair.lm("target")
         logits = target.forward(prompt_ids, keep_last=1)[-1]  # (V,)
         timeline.mark("prefill")
         out: list[int] = []

@@ -35,7 +35,7 @@ class CallCounter:
     def _count(self, _module, args, kwargs):
         ids = kwargs.get("input_ids", args[0] if args else None)
         self.sizes.append(int(ids.shape[-1]) if ids is not None else 0)
-        cache = kwargs.get("past_key_values")
+        cache = kwargs.get("cache", kwargs.get("past_key_values"))  # transformers 5.20+ / before
         self.cached.append(int(cache.get_seq_length()) if cache is not None else 0)
 
     def __exit__(self, *_):
@@ -52,6 +52,13 @@ class HFAssisted(DecodingMethod):
         require(schedule in SCHEDULES, "method.schedule", f"must be one of {list(SCHEDULES)}, got {schedule!r}")
         self.schedule = schedule
         self.confidence_threshold = float(confidence_threshold)
+        execution = getattr(pair, "execution", None)
+        self.static = bool(execution is not None and execution.static)
+        require(not self.static or assisted_supports_static_caches(), "model.execution",
+                f"{execution.mode if execution else ''}: method '{name}' runs transformers' own assisted generation, "
+                f"which in transformers {transformers_version()} refuses static caches ('assisted generate is not "
+                "supported with Static cache classes'); run the reference with model.execution=eager, or on a "
+                "transformers whose assisted generation takes a static cache")
         vocabularies = pair.info.get("vocabularies")
         require(self.sampler.greedy or not vocabularies, "model",
                 f"hf_assisted samples with transformers' own speculative sampling, which needs target and draft "
@@ -71,6 +78,8 @@ class HFAssisted(DecodingMethod):
         config.top_p = self.sampler.top_p if config.do_sample else None
         config.top_k = 0  # our sampler has no top-k; None would get transformers' default of 50 (0 disables it)
         config.repetition_penalty = None
+        if self.static:  # model.execution static / graphs: transformers' static cache (compiled on CUDA by generate)
+            config.cache_implementation = "static"
         return config
 
     @torch.inference_mode()
@@ -95,6 +104,23 @@ class HFAssisted(DecodingMethod):
         gen.count_forwards(target_calls, draft_calls)
         count_steps(gen, target_calls, len(prompt_ids), max_new_tokens, eos_ids)
         return gen
+
+
+def transformers_version() -> str:
+    import transformers
+
+    return transformers.__version__
+
+
+def assisted_supports_static_caches() -> bool:
+    """Whether this transformers' assisted decoding takes a static cache (5.19 raises for one; later ones do not):
+    read off its source, before any model loads."""
+    import inspect
+
+    from transformers.generation.utils import GenerationMixin
+
+    source = inspect.getsource(GenerationMixin._assisted_decoding)
+    return "not supported with Static cache" not in source
 
 
 def count_steps(gen: Generation, target_calls: CallCounter, prompt_len: int, max_new_tokens: int,

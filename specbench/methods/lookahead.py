@@ -58,6 +58,9 @@ class Lookahead(PooledMethod):
         self.pool_from_prompt, self.warm_start = bool(pool_from_prompt), bool(warm_start)
         self.pool = NGramPool(self.ngram, capacity)
 
+    def step_blocks(self) -> dict[str, int]:
+        return {"target": 1 + (self.window + self.guesses) * (self.ngram - 1)}  # x0, window, guessed n-grams
+
     def make_proposer(self, prompt_ids) -> PoolLookahead:
         prompt = list(prompt_ids)
         if self.pool_from_prompt:

@@ -114,6 +114,10 @@ class Ouroboros(PooledMethod):
         self.match_stats = bool(match_stats)
         self.pool = NGramPool(self.beta, capacity=self.window)
 
+    def step_blocks(self) -> dict[str, int]:
+        """x0, the sentence draft (< γ before its last phrase, which adds at most β) and K suffixes of β-1."""
+        return {"target": self.gamma + self.beta + self.top_k * (self.beta - 1)}
+
     def make_proposer(self, prompt_ids) -> "OuroborosProposer":
         if self.pool_from_prompt:
             self.pool.insert_all(list(prompt_ids))

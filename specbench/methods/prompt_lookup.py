@@ -120,5 +120,8 @@ class PromptLookup(ProposerMethod):
         self.num_pred_tokens = positive_int(num_pred_tokens, "method.num_pred_tokens",
                                             "most tokens proposed per step")
 
+    def step_blocks(self) -> dict[str, int]:
+        return {"target": self.num_pred_tokens + 1}
+
     def make_proposer(self, prompt_ids) -> PromptLookupProposer:
         return PromptLookupProposer(self.min_ngram_size, self.max_ngram_size, self.num_pred_tokens)

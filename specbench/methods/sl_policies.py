@@ -20,6 +20,11 @@ from .base import positive_int
 class StaticSL:
     """static SL-k: always draft γ tokens (Leviathan et al.; Chen et al.)."""
 
+    @property
+    def longest_draft(self) -> int | None:
+        """The most tokens one step drafts (γ, SL_max); None: unbounded."""
+        return self.gamma
+
     def __init__(self, gamma: int = 5):
         self.gamma = positive_int(gamma, "method.policy.gamma", "draft tokens per step, γ")
         self.committed = 0  # new tokens committed before the current step
@@ -74,6 +79,10 @@ class HeuristicSL(StaticSL):
     def reset(self) -> None:
         if not self.persistent:
             self.gamma = self.initial
+
+    @property
+    def longest_draft(self) -> None:
+        return None  # +2 per fully accepted step, without a ceiling
 
     @property
     def carries_state(self) -> bool:

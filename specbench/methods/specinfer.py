@@ -120,5 +120,8 @@ class SpecInfer(ProposerMethod):
         require(max(self.widths) <= vocab, "method.widths",
                 f"a width of {max(self.widths)} is more children than the vocabulary has tokens ({vocab})")
 
+    def step_blocks(self) -> dict[str, int]:
+        return {"target": self.max_nodes + 1, "draft": self.max_nodes}
+
     def make_proposer(self, prompt_ids) -> DraftTree:
         return DraftTree(draft_lm(self.pair), self.widths, self.max_nodes)

@@ -17,6 +17,7 @@ import torch
 from ..decoding.cached_lm import CachedLM, draft_lm
 from ..decoding.proposal import Proposal, Step, StepContext
 from ..errors import require
+from ..models.execution import EAGER
 from .base import ProposerMethod, positive_int
 from .sl_policies import StaticSL
 
@@ -65,6 +66,8 @@ class SpeculativeDecoding(ProposerMethod):
         super().__init__(pair, name, **sampling)
         self.gamma = positive_int(gamma, "method.gamma", "draft tokens per step, γ")
         self.policy = policy if policy is not None else StaticSL(self.gamma)
+        if hasattr(self.policy, "use_execution"):  # a policy that runs a network of its own (DISCO's classifier)
+            self.policy.use_execution(getattr(pair, "execution", EAGER))
         require(self.sampler.greedy or not getattr(self.policy, "greedy_only", False), "sampling.temperature",
                 f"method '{name}' uses {type(self.policy).__name__}, which supports temperature 0 only, "
                 f"got {self.sampler.temperature:g}")
@@ -72,6 +75,10 @@ class SpeculativeDecoding(ProposerMethod):
     def reset(self, seed: int = 0) -> None:
         super().reset(seed)
         self.policy.reset()
+
+    def step_blocks(self) -> dict[str, int]:
+        bound = getattr(self.policy, "longest_draft", None)  # None: a policy whose SL grows without bound
+        return {} if bound is None else {"target": bound + 1}
 
     @property
     def carries_state(self) -> bool:

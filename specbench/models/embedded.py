@@ -19,6 +19,7 @@ from pathlib import Path
 
 from ..errors import ConfigError
 from .pair import ModelPair, attention_of, eos_ids_of, prepare_for_inference
+from .execution import announce_execution, resolve_attention, resolve_execution
 from .precision import DTYPES, announce, resolve_precision
 
 
@@ -132,16 +133,20 @@ def prepare(spec: PackagedGGUF, dtype: str = "float32", root: Path | None = None
 
 
 def load_embedded_pair(name: str, dtype: str = "auto", device: str = "cpu", chat_template: bool = True,
-                       attn_implementation: str | None = None, linear_kernel: str = "auto", load_draft: bool = True,
+                       attn_implementation: str | None = "auto", linear_kernel: str = "auto", load_draft: bool = True,
+                       execution: str = "auto", buckets: list[int] | None = None, cache_length: int | None = None,
                        **_) -> ModelPair:
     """The embedded pair; load_draft=False leaves its draft unloaded (no method of the run uses it, ~1 GB)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     precision = resolve_precision(dtype, device, linear_kernel)  # bad values fail here, before any weights load
+    runs = resolve_execution(execution, device, buckets, cache_length)
     announce(precision, name)
+    announce_execution(runs, name)
     kwargs = {"dtype": precision.torch_dtype}
-    if attn_implementation:
-        kwargs["attn_implementation"] = attn_implementation
+    attention = resolve_attention(attn_implementation, device)
+    if attention:
+        kwargs["attn_implementation"] = attention
     dirs = {spec.role: prepare(spec, precision.dtype) for spec in ((TARGET, DRAFT) if load_draft else (TARGET,))}
     target = prepare_for_inference(AutoModelForCausalLM.from_pretrained(dirs["target"], **kwargs), device, precision)
     draft = (prepare_for_inference(AutoModelForCausalLM.from_pretrained(dirs["draft"], **kwargs), device, precision)
@@ -149,7 +154,7 @@ def load_embedded_pair(name: str, dtype: str = "auto", device: str = "cpu", chat
     tokenizer = AutoTokenizer.from_pretrained(dirs["target"])
     return ModelPair(
         name=name, target=target, draft=draft, tokenizer=tokenizer, eos_ids=eos_ids_of(tokenizer, target),
-        precision=precision, chat_template=chat_template,
+        precision=precision, chat_template=chat_template, execution=runs,
         info={"target": f"{TARGET.upstream} ({TARGET.filename})",
               "draft": f"{DRAFT.upstream} ({DRAFT.filename})" if load_draft else None,
               "attn_implementation": attention_of(target)},

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from ..errors import ConfigError
 from .pair import ModelPair, attention_of, eos_ids_of, prepare_for_inference
+from .execution import announce_execution, resolve_attention, resolve_execution
 from .precision import announce, placement_device, resolve_precision
 
 
@@ -30,18 +31,23 @@ def load_hub_pair(name: str, target: str, draft: str | None, dtype: str = "auto"
                   trust_remote_code: bool = False, local_files_only: bool = True, chat_template: bool = False,
                   attn_implementation: str | None = None, tokenizer: str | None = None,
                   eos_token_ids: list[int] | None = None, linear_kernel: str = "auto", load_draft: bool = True,
+                  execution: str = "auto", buckets: list[int] | None = None, cache_length: int | None = None,
                   **_) -> ModelPair:
     """A pair loaded by hub id or local directory; load_draft=False leaves the draft unloaded (no method of the
     run uses it: ``app.needs_draft_model``)."""
     from transformers import AutoTokenizer
 
-    precision = resolve_precision(dtype, placement_device(device_map), linear_kernel)
+    placement = placement_device(device_map)
+    precision = resolve_precision(dtype, placement, linear_kernel)
+    runs = resolve_execution(execution, placement, buckets, cache_length)
     announce(precision, name)
+    announce_execution(runs, name)
     kwargs = dict(dtype=precision.torch_dtype, trust_remote_code=trust_remote_code)
     if device_map:
         kwargs["device_map"] = device_map
-    if attn_implementation:
-        kwargs["attn_implementation"] = attn_implementation
+    attention = resolve_attention(attn_implementation, placement)
+    if attention:
+        kwargs["attn_implementation"] = attention
     tokenizer_id = tokenizer or target
     try:
         tok = AutoTokenizer.from_pretrained(tokenizer_id, local_files_only=local_files_only,
@@ -57,7 +63,7 @@ def load_hub_pair(name: str, target: str, draft: str | None, dtype: str = "auto"
     return ModelPair(
         name=name, target=target_model, draft=draft_model, tokenizer=tok,
         eos_ids=eos_ids_of(tok, target_model, extra=eos_token_ids or ()), precision=precision,
-        chat_template=chat_template,
+        chat_template=chat_template, execution=runs,
         info={"target": target, "draft": draft if draft_model is not None else None,
               "attn_implementation": attention_of(target_model)},
     )

@@ -8,6 +8,7 @@ import torch
 
 from ..errors import ConfigError
 from .cpu_linear import apply_linear_kernel
+from .execution import EAGER, Execution
 from .precision import Precision
 
 
@@ -24,9 +25,75 @@ class ModelPair:
     precision: Precision
     chat_template: bool = False  # wrap prompts with the tokenizer's chat template
     info: dict = field(default_factory=dict)  # what records carry: ids/paths, attention implementation ...
+    execution: Execution = EAGER  # how forwards run (models/execution.py): eager, static cache, CUDA graphs
+    # role -> the StaticModel holding that role's static cache and captured graphs (static / graphs execution)
+    statics: dict = field(default_factory=dict, repr=False)
+    reserved: int = 0  # positions every static cache holds at least (``reserve``)
 
     def __post_init__(self) -> None:
         check_vocabularies(self)
+
+    def lm(self, role: str = "target", features: bool = False):
+        """A CachedLM of the ``target`` or the ``draft`` for one generation, in the pair's execution mode; its
+        logits laid out in the target's vocabulary (a draft's are cut or padded: check_vocabularies).
+        features: it also keeps the target's last hidden states (FeatureLM: what feature-level heads read).
+        Another ``role`` name (``check``: the losslessness check) gets the target with a static cache of its own."""
+        from ..decoding.cached_lm import CachedLM, FeatureLM
+
+        model = self.draft if role == "draft" else self.target
+        vocab = self.vocab_size if role == "draft" else None
+        if model is None:
+            raise ValueError(f"pair '{self.name}' has no {role} model")
+        if not self.execution.static:
+            return (FeatureLM if features else CachedLM)(model, vocab)
+        from ..decoding.static_lm import StaticLM
+
+        if features:
+            FeatureLM.check_model(model)
+        return StaticLM(self.static_model(role), vocab, features)
+
+    def static_model(self, role: str):
+        """The StaticModel of ``role`` (built, and in graphs mode captured, at its first use)."""
+        from ..decoding.static_lm import StaticModel
+
+        model = self.draft if role == "draft" else self.target
+        devices = sorted({str(p.device) for p in model.parameters()})
+        if self.execution.graphs and len(devices) > 1:
+            raise ConfigError(f"model.execution: graphs captures each model on one CUDA device, and pair "
+                              f"'{self.name}' places its {role} on {devices}; set model.device_map to one device "
+                              "(e.g. cuda:0) or use model.execution=static")
+        return self.static_for(role, lambda **settings: StaticModel(model, label=f"{self.name} {role}", **settings))
+
+    def static_for(self, key: str, build):
+        """The static forward registered under ``key``, built at first use by ``build(buckets=, capacity=,
+        capture=)`` (a StaticModel, a draft head's StaticHead): ``reserve`` sizes it and ``captures`` counts its
+        graphs."""
+        from ..decoding.static_lm import DEFAULT_CAPACITY, cuda_capture
+
+        static = self.statics.get(key)
+        if static is None:
+            capacity = max(self.execution.cache_length or 0, self.reserved, DEFAULT_CAPACITY)
+            static = self.statics[key] = build(buckets=self.execution.buckets, capacity=capacity,
+                                               capture=cuda_capture if self.execution.graphs else None)
+        return static
+
+    def with_execution(self, execution: Execution) -> "ModelPair":
+        """The same pair (the same weights, not a copy) run in another execution mode, with caches of its own."""
+        from dataclasses import replace
+
+        return replace(self, execution=execution, statics={}, reserved=0)
+
+    def reserve(self, positions: int) -> None:
+        """Make every static cache (existing and future) hold ``positions`` (the longest prompt plus the
+        budget), so that no cache grows, and no graph is captured again, inside a timed generation."""
+        self.reserved = max(self.reserved, int(positions))
+        for static in self.statics.values():
+            static.prepare(self.reserved)
+
+    @property
+    def captures(self) -> tuple[int, float]:
+        """(graphs captured so far, seconds spent capturing them) over every static model of the pair."""
+        return (sum(s.captures for s in self.statics.values()), sum(s.capture_s for s in self.statics.values()))
 
     @property
     def target_info(self) -> dict:

@@ -11,6 +11,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from ..errors import require
+from .execution import resolve_attention, resolve_execution
 from .pair import ModelPair, attention_of, prepare_for_inference
 from .precision import resolve_precision
 
@@ -26,7 +27,8 @@ def byte_tokenizer() -> PreTrainedTokenizerFast:
     return PreTrainedTokenizerFast(tokenizer_object=core, pad_token="<pad>", bos_token="<bos>", eos_token="<eos>")
 
 
-def tiny_model(arch: str, vocab_size: int, hidden_size: int, layers: int, seed: int, init_range: float, tok):
+def tiny_model(arch: str, vocab_size: int, hidden_size: int, layers: int, seed: int, init_range: float, tok,
+               attention: str | None = "eager"):
     torch.manual_seed(seed)
     common = dict(vocab_size=vocab_size, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
                   initializer_range=init_range)
@@ -40,7 +42,7 @@ def tiny_model(arch: str, vocab_size: int, hidden_size: int, layers: int, seed: 
         model = GPT2LMHeadModel(config)
     else:
         raise ValueError(f"model.arch: unknown tiny architecture {arch!r}; valid: ['gpt2', 'llama']")
-    model.config._attn_implementation = "eager"
+    model.config._attn_implementation = attention or "eager"
     return model
 
 
@@ -69,21 +71,25 @@ def perturbed_copy(model: torch.nn.Module, noise: float, seed: int) -> torch.nn.
 def build_tiny_pair(name: str = "tiny-llama", arch: str = "llama", hidden_size: int = 64, layers: int = 2,
                     seed: int = 0, draft_noise: float = 0.05, init_range: float = 0.2, dtype: str = "float32",
                     device: str = "cpu", chat_template: bool = False, linear_kernel: str = "auto",
-                    lm_head_ties: list | None = None, load_draft: bool = True, **_) -> ModelPair:
+                    lm_head_ties: list | None = None, load_draft: bool = True, execution: str = "auto",
+                    buckets: list[int] | None = None, cache_length: int | None = None,
+                    attn_implementation: str | None = "auto", **_) -> ModelPair:
     """lm_head_ties: [[a, b], ...] copies token a's output row onto token b's, so the two always tie exactly
     (a hand-made near-tie for testing the losslessness classification). load_draft=False: no draft (no method
     of the run uses it; ``app.needs_draft_model``)."""
     require(draft_noise >= 0, "model.draft_noise", f"must be >= 0, got {draft_noise}")
     precision = resolve_precision(dtype, device, linear_kernel)
+    runs = resolve_execution(execution, device, buckets, cache_length)
+    attention = resolve_attention(attn_implementation, device)
     tok = byte_tokenizer()
-    target = tiny_model(arch, len(tok), hidden_size, layers, seed, init_range, tok)
+    target = tiny_model(arch, len(tok), hidden_size, layers, seed, init_range, tok, attention)
     tie_output_rows(target, lm_head_ties or [])
     draft = (prepare_for_inference(perturbed_copy(target, draft_noise, seed + 1).to(precision.torch_dtype), device,
                                    precision) if load_draft else None)
     target = prepare_for_inference(target.to(precision.torch_dtype), device, precision)
     return ModelPair(
         name=name, target=target, draft=draft, tokenizer=tok, eos_ids={tok.eos_token_id}, precision=precision,
-        chat_template=chat_template,
+        chat_template=chat_template, execution=runs,
         info={"target": f"tiny-{arch}-random(seed={seed})",
               "draft": f"target+noise({draft_noise})" if load_draft else None,
               "attn_implementation": attention_of(target)},

@@ -1,0 +1,297 @@
+"""``model.execution: static | graphs``: the CachedLM interface over a preallocated KV cache, forwards padded to
+buckets and (graphs) replayed from CUDA graphs captured once per (model, bucket). gpt-fast's recipe.
+
+One ``StaticModel`` per (model, role) owns the buffers: the StaticKV cache (static_cache.py), and per bucket B
+the static inputs of a forward — ids (1, B), position ids (1, B), the write start (1,), what each row sees
+``visible`` (B, capacity) — and the function over them: additive mask from ``visible``, keys written at
+start + 0..B-1, the base model's last hidden state (1, B, H) out. In ``graphs`` mode that function is captured
+once per bucket (before any timing: at the first use of the model, in the runner's warm-up) and replayed.
+
+A ``StaticLM`` is one generation's view of it (what CachedLM is in eager mode): a logical ``length``; ``forward``
+writes the tokens' ids and positions into the smallest bucket that holds them (padding rows see only themselves
+and write past the logical end, where nothing reads them), sets ``visible`` (the prefix, then the block's own
+causal or tree pattern), runs or replays, and applies the output embeddings to the rows asked for only. ``crop``
+just lowers the length (the stale positions are masked out, then overwritten); ``keep_positions`` copies the
+accepted path's keys and values into place (StaticKV.move). A block larger than every bucket (a prefill) runs
+the same function unpadded and uncaptured.
+
+Attention in a static forward spans the whole capacity (masked), so the capacity is sized to the run
+(``ModelPair.reserve``: longest prompt + budget + the largest bucket) rather than to the model's context.
+"""
+from __future__ import annotations
+
+import sys
+import time
+from typing import Callable, Sequence
+
+import torch
+
+from ..errors import ConfigError
+from .cached_lm import cache_argument, fit_vocabulary
+from .graphs import GraphedCall, cuda_capture  # noqa: F401  (re-exported: static execution's capture)
+from .static_cache import StaticKV
+from .token_tree import tree_layout
+
+DEFAULT_CAPACITY = 256  # positions when nothing was reserved (tests, direct use); grows on demand
+
+
+def output_head(model: torch.nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
+    """hidden (…, H) -> logits, as the model's own forward computes them after its base model: the output
+    embeddings, then Gemma's final soft-capping where the config has one. A model whose logits need more (a
+    logit scale) is refused with the mode that runs it."""
+    config = model.config
+    if getattr(config, "logit_scale", None):
+        raise ConfigError(f"model.execution: {type(model).__name__} scales its logits after lm_head; static and "
+                          "graphs execution compute logits as lm_head(hidden): use model.execution=eager")
+    head = model.get_output_embeddings()
+    cap = getattr(config, "final_logit_softcapping", None)
+    if not cap:
+        return head
+    return lambda hidden: torch.tanh(head(hidden) / cap) * cap
+
+
+class Block:
+    """The static inputs of a forward of ``size`` rows (module docstring); ``features`` (size, F) where the
+    forward also reads a feature per row (a draft head)."""
+
+    def __init__(self, owner: "BucketedForward", size: int):
+        self.owner, self.size = owner, size
+        device, capacity = owner.device, owner.capacity
+        self.inputs = torch.zeros(2 * size + 1, dtype=torch.long, device=device)  # ids | positions | start
+        self.ids, self.positions = self.inputs[:size].view(1, size), self.inputs[size:2 * size].view(1, size)
+        self.start = self.inputs[2 * size:]
+        self.rows = torch.arange(size, device=device)
+        self.visible = torch.zeros(size, capacity, dtype=torch.bool, device=device)
+        self.features = (torch.zeros(size, owner.feature_size, dtype=owner.feature_dtype, device=device)
+                         if owner.feature_size else None)
+        self.replay: Callable | None = None  # graphs: the captured forward
+
+    def run(self):
+        return self.replay() if self.replay is not None else self.owner.compute(self)
+
+
+class BucketedForward:
+    """What static execution shares between a model (StaticModel) and a draft head (heads/static_head.py): the
+    buckets, one Block each, the capacity of the cache, capture, and staging a forward's inputs. A subclass
+    says how its cache is allocated and grown and what the forward computes over a Block."""
+
+    feature_size = 0  # F: a per-row feature input (a draft head reads the target's features)
+    feature_dtype = torch.float32
+
+    def __init__(self, device: torch.device, buckets: Sequence[int], capacity: int, capture: Callable | None,
+                 label: str):
+        self.device, self.label, self.capture = device, label, capture
+        self.buckets = tuple(sorted(buckets))
+        self.capacity = capacity
+        self.blocks: dict[int, Block] = {}
+        self.session = 0  # the generation that owns the cache now
+        self.captures, self.capture_s = 0, 0.0  # graphs captured, seconds spent capturing (never timed)
+        self.cols = torch.arange(capacity, device=device)
+
+    # what a subclass provides
+    @property
+    def allocated(self) -> bool:
+        raise NotImplementedError
+
+    def allocate(self, block: Block) -> None:
+        """First use: allocate the cache's buffers (with one forward over ``block``, at the far end)."""
+        raise NotImplementedError
+
+    def grow_cache(self, capacity: int) -> None:
+        raise NotImplementedError
+
+    def compute(self, block: Block):
+        """The forward over a Block's static inputs (what a graph captures)."""
+        raise NotImplementedError
+
+    # shared
+    def open(self) -> int:
+        """A new generation takes the cache over (an earlier one's view of it may not be used after)."""
+        self.session += 1
+        return self.session
+
+    @torch.inference_mode()
+    def prepare(self, needed: int) -> None:
+        """Have room for ``needed`` positions plus the largest bucket's padding, buffers allocated and (graphs)
+        every bucket captured. Called before each forward; does work only at first use and on growth."""
+        room = needed + max(self.buckets)
+        if room > self.capacity:
+            capacity = max(2 * self.capacity, -(-room // 64) * 64)
+            if self.allocated:
+                print(f"[specbench] {self.label}: static cache grown from {self.capacity} to {capacity} positions "
+                      "(model.cache_length, or ModelPair.reserve before timing, avoids this)", file=sys.stderr)
+            self.capacity = capacity
+            self.grow_cache(capacity)
+            self.cols = torch.arange(capacity, device=self.device)
+            self.blocks = {}
+        if not self.allocated:
+            block = Block(self, 1)
+            self._scratch(block)
+            self.allocate(block)
+        if not self.blocks:
+            started = time.perf_counter()
+            for size in sorted(self.buckets, reverse=True):  # largest first: smaller graphs reuse its pool memory
+                block = self.blocks[size] = Block(self, size)
+                if self.capture is not None:
+                    self._scratch(block)
+                    block.replay = self._captured(block)
+                    self.captures += 1
+            self.capture_s += time.perf_counter() - started
+
+    def _scratch(self, block: Block) -> None:
+        """Inputs that write only the last ``block.size`` positions and read only themselves (warm-up, capture)."""
+        block.start.fill_(self.capacity - block.size)
+        block.visible.zero_()
+        block.visible[block.rows, self.capacity - block.size + block.rows] = True
+
+    def _captured(self, block: Block):
+        try:
+            return self.capture(lambda: self.compute(block))
+        except torch.cuda.OutOfMemoryError as exc:
+            raise RuntimeError(f"out of GPU memory capturing {self.label}'s graphs (static cache of "
+                               f"{self.capacity} positions, buckets {list(self.buckets)}): lower "
+                               "model.cache_length or model.buckets") from exc
+
+    @torch.inference_mode()
+    def stage(self, ids: Sequence[int], positions: Sequence[int], start: int, prefix: int, local: torch.Tensor,
+              features: torch.Tensor | None = None) -> Block:
+        """The Block for ``len(ids)`` rows with their inputs written: ids and position ids, keys to go at
+        ``start``.., and row i seeing the positions before ``prefix`` and ``local[i]`` (n, w) over the w positions
+        from ``prefix`` (w = start - prefix + n); padding rows see only themselves. ``features`` (n, F)."""
+        n = len(ids)
+        self.prepare(start + n)
+        size = next((b for b in self.buckets if b >= n), None)
+        block = self.blocks[size] if size is not None else Block(self, n)  # larger than every bucket: unpadded
+        size = block.size
+        width = start - prefix + size  # columns from the prefix to the end of the padded block
+        host = torch.zeros(2 * size + 1, dtype=torch.long)
+        host[:n] = torch.tensor(list(ids), dtype=torch.long)
+        host[size:size + n] = torch.tensor(list(positions), dtype=torch.long)
+        host[2 * size] = start
+        pattern = torch.zeros(size, width, dtype=torch.bool)
+        pattern[:n, :local.shape[1]] = local
+        pad = torch.arange(n, size)
+        pattern[pad, width - size + pad] = True
+        block.inputs.copy_(host, non_blocking=True)
+        torch.lt(self.cols.expand(size, -1), prefix, out=block.visible)
+        block.visible[:, prefix:prefix + width].copy_(pattern, non_blocking=True)
+        if features is not None:
+            block.features[:n].copy_(features)
+        return block
+
+
+class StaticModel(BucketedForward):
+    """One transformers model's static cache and bucketed forwards (module docstring). ``capture``: fn -> replay
+    callable (graphs: ``cuda_capture``; None: every forward runs directly, the ``static`` mode)."""
+
+    def __init__(self, model: torch.nn.Module, buckets: Sequence[int], capacity: int,
+                 capture: Callable | None = None, label: str = "model"):
+        super().__init__(model.get_input_embeddings().weight.device, buckets, capacity, capture, label)
+        self.model = model
+        self.base = model.base_model
+        self.head = output_head(model)
+        self.cache_arg = cache_argument(self.base)
+        dtype = next(model.parameters()).dtype
+        self.visible_value = torch.zeros((), dtype=dtype, device=self.device)
+        self.hidden_value = torch.tensor(torch.finfo(dtype).min, dtype=dtype, device=self.device)
+        self.kv = StaticKV(model.config.get_text_config().num_hidden_layers, capacity, self.device)
+
+    @property
+    def allocated(self) -> bool:
+        return self.kv.ready
+
+    def allocate(self, block: Block) -> None:
+        self.compute(block)
+        self.kv.consolidate()
+
+    def grow_cache(self, capacity: int) -> None:
+        self.kv.grow(capacity)
+
+    def compute(self, block: Block) -> torch.Tensor:
+        """Keys written at start + 0..B-1, the additive mask from ``visible``; the last hidden state (1, B, H)."""
+        self.kv.write_index = block.start + block.rows
+        mask = torch.where(block.visible, self.visible_value, self.hidden_value)[None, None]  # (1, 1, B, capacity)
+        out = self.base(input_ids=block.ids, position_ids=block.positions, attention_mask=mask,
+                        use_cache=True, **{self.cache_arg: self.kv})
+        return out.last_hidden_state
+
+    @torch.inference_mode()
+    def forward(self, ids: Sequence[int], positions: Sequence[int], start: int, prefix: int,
+                local: torch.Tensor) -> torch.Tensor:
+        """Hidden states (n, H) of ``ids`` (BucketedForward.stage says what the arguments mean)."""
+        return self.stage(ids, positions, start, prefix, local).run()[0, :len(ids)]
+
+    @torch.inference_mode()
+    def move(self, source: list[int], destination: list[int]) -> None:
+        index = torch.tensor([source, destination], dtype=torch.long).to(self.device, non_blocking=True)
+        self.kv.move(index[0], index[1])
+
+
+class StaticLM:
+    """The CachedLM interface (cached_lm.py) over a StaticModel: one generation's logical view of its cache.
+
+    vocab: as CachedLM's. features: also keep the last call's hidden states (FeatureLM's ``features_at``)."""
+
+    def __init__(self, static: StaticModel, vocab: int | None = None, features: bool = False):
+        self.static, self.vocab, self.keeps_features = static, vocab, features
+        self.model = static.model
+        self.device = static.device
+        self.session = static.open()
+        self.length = 0
+        self.sizes: list[int] = []
+        self.hidden: torch.Tensor | None = None
+
+    @property
+    def forwards(self) -> int:
+        return len(self.sizes)
+
+    def reset(self) -> None:
+        self.session = self.static.open()
+        self.length, self.sizes, self.hidden = 0, [], None
+
+    def _check(self) -> None:
+        if self.session != self.static.session:
+            raise RuntimeError(f"{self.static.label}: a newer generation took this static cache over; a StaticLM "
+                               "is one generation's (build a new one with ModelPair.lm)")
+
+    @torch.inference_mode()
+    def forward(self, ids: Sequence[int], keep_last: int | None = None, parents: Sequence[int] | None = None,
+                cached_parents: Sequence[int] = ()) -> torch.Tensor:
+        """As CachedLM.forward: float32 logits (keep_last or all rows, V) of ``ids`` after the cached ones."""
+        if len(ids) == 0:
+            raise ValueError("CachedLM.forward needs at least one token")
+        if cached_parents and parents is None:
+            raise ValueError("cached_parents needs parents: new nodes are placed in the cached tree by their links")
+        self._check()
+        n, past = len(ids), self.length
+        if parents is None:
+            prefix, positions = past, list(range(past, past + n))
+            local = torch.ones(n, n, dtype=torch.bool).tril()
+        else:
+            prefix, positions, local = tree_layout(parents, past, cached_parents)
+        hidden = self.static.forward(ids, positions, past, prefix, local)  # (n, H)
+        self.length = past + n
+        self.sizes.append(n)
+        if self.keeps_features:
+            self.hidden = hidden
+        rows = hidden if keep_last is None else hidden[n - keep_last:]
+        return fit_vocabulary(self.static.head(rows).float(), self.vocab)
+
+    def features_at(self, rows: Sequence[int]) -> torch.Tensor | None:
+        return self.hidden[list(rows)] if self.keeps_features else None
+
+    def crop(self, new_length: int) -> None:
+        if new_length > self.length:
+            raise ValueError(f"cannot crop a cache of {self.length} positions to {new_length}")
+        self._check()
+        self.length = new_length  # the positions past it are masked from now on, and overwritten next
+
+    def keep_positions(self, positions: Sequence[int] | torch.Tensor) -> None:
+        positions = [int(p) for p in positions]
+        if any(p >= self.length or p < 0 for p in positions):
+            raise ValueError(f"keep_positions: a position outside the {self.length} cached ones: {positions}")
+        self._check()
+        moves = [(p, j) for j, p in enumerate(positions) if p != j]
+        if moves:
+            self.static.move([p for p, _ in moves], [j for _, j in moves])
+        self.length = len(positions)

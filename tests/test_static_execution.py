@@ -1,0 +1,337 @@
+"""``model.execution: static`` (and the logic ``graphs`` adds on a GPU): a preallocated KV cache, bucket-padded
+forwards, rollback by length, accepted paths copied into place. Checked on the CPU against eager forwards (hand-
+built cache operations) and, for every method, against the same mode's greedy (property tests); graphs' capture
+bookkeeping with a stand-in capture that replays by re-running (a real capture needs CUDA: test_cuda_graphs.py).
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from specbench.decoding.static_lm import StaticLM, StaticModel
+from specbench.errors import ConfigError
+from specbench.methods.disco import DiscoClassifier, DiscoSL
+from specbench.methods.feature_head import FeatureHeadMethod
+from specbench.methods.greedy import Greedy
+from specbench.methods.hf_assisted import HFAssisted, assisted_supports_static_caches
+from specbench.methods.lookahead import Lookahead
+from specbench.methods.ouroboros import Ouroboros
+from specbench.methods.prompt_lookup import PromptLookup
+from specbench.methods.sl_policies import ConfidenceSL, HeuristicSL
+from specbench.methods.specinfer import SpecInfer
+from specbench.methods.speculative import SpeculativeDecoding
+from specbench.models.execution import resolve_execution
+from specbench.models.tiny import build_tiny_pair
+
+from .conftest import TEST_DEVICE
+from .test_feature_heads import random_head
+
+PAIRS: dict = {}
+
+
+def pair_for(arch: str = "llama", noise: float = 0.05, execution: str = "static", **options):
+    key = (arch, noise, execution, repr(sorted(options.items())))
+    if key not in PAIRS:
+        PAIRS[key] = build_tiny_pair(name=f"tiny-{arch}", arch=arch, draft_noise=noise, device=TEST_DEVICE,
+                                     execution=execution, **options)
+    return PAIRS[key]
+
+
+def rerun_capture(calls: list):
+    """A stand-in for cuda_capture on the CPU: 'captures' by running once and replays by re-running, so every
+    replay reads the static inputs as a graph would; ``calls`` counts captures."""
+    def capture(fn):
+        fn()
+        calls.append(fn)
+        return fn
+    return capture
+
+
+# -- the cache operations, hand-built ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_a_static_forward_gives_the_eager_logits_and_rollback_is_a_length(arch):
+    static, eager = pair_for(arch), pair_for(arch, execution="eager")
+    lm, ref = static.lm(), eager.lm()
+    assert isinstance(lm, StaticLM)
+    assert torch.allclose(lm.forward([5, 6, 7, 8]), ref.forward([5, 6, 7, 8]), atol=1e-5)
+    lm.forward([9, 10, 11])  # a verify of 3 drafts (padded to 4); keep 1 of them
+    lm.crop(5)
+    ref.forward([9])
+    assert lm.length == 5
+    assert torch.allclose(lm.forward([12, 13], keep_last=1), ref.forward([12, 13], keep_last=1), atol=1e-5)
+
+
+def test_stale_positions_are_masked_whatever_they_hold():
+    pair = pair_for()
+    lm = pair.lm()
+    lm.forward([5, 6, 7, 8])
+    lm.crop(3)
+    kv = pair.statics["target"].kv
+    with torch.inference_mode():  # garbage where the cropped position and the padding rows wrote
+        for layer in kv.layers:
+            layer.keys[:, :, 3:64].fill_(1e4)
+            layer.values[:, :, 3:64].fill_(-1e4)
+    ref = pair_for(execution="eager").lm()
+    ref.forward([5, 6, 7])
+    assert torch.allclose(lm.forward([40, 41]), ref.forward([40, 41]), atol=1e-5)
+
+
+def test_keep_positions_copies_a_tree_path_into_place():
+    pair, eager = pair_for(), pair_for(execution="eager")
+    lm, ref = pair.lm(), eager.lm()
+    prompt, parents = [5, 6, 7], [-1, 0, -1, 2, 3]  # two branches after x0: [20, 21] and [30, 31, 32]
+    for m in (lm, ref):
+        m.forward(prompt)
+        m.forward([20, 21, 30, 31, 32], parents=parents)
+        m.keep_positions([0, 1, 2, 5, 6])  # x0's prefix, then the accepted branch 30, 31
+    assert lm.length == ref.length == 5
+    assert torch.allclose(lm.forward([99]), ref.forward([99]), atol=1e-5)
+    whole = eager.lm()
+    whole.forward([5, 6, 7, 30, 31])
+    assert torch.allclose(lm.forward([98])[-1:], (whole.forward([99]), whole.forward([98]))[1], atol=1e-5)
+
+
+def test_a_tree_grown_against_cached_tree_nodes_equals_eager():
+    pair, eager = pair_for(), pair_for(execution="eager")
+    outs = []
+    for m in (pair.lm(), eager.lm()):
+        m.forward([5, 6, 7])
+        first = m.forward([20, 30], parents=[-1, -1])  # depth 1: two children of x0
+        second = m.forward([21, 31, 32], parents=[0, 1, 1], cached_parents=[-1, -1])  # depth 2 under them
+        outs.append((first, second))
+        m.crop(3)
+        outs.append(m.forward([8]))
+    assert torch.allclose(outs[0][0], outs[2][0], atol=1e-5) and torch.allclose(outs[0][1], outs[2][1], atol=1e-5)
+    assert torch.allclose(outs[1], outs[3], atol=1e-5)
+
+
+def test_a_block_larger_than_every_bucket_runs_unpadded_and_the_cache_grows():
+    pair = pair_for(buckets=[1, 2, 4])
+    prompt = [3 + i % 250 for i in range(300)]  # longer than the default capacity (256): the cache grows first
+    lm, ref = pair.lm(), pair_for(buckets=[1, 2, 4], execution="eager").lm()
+    assert torch.allclose(lm.forward(prompt, keep_last=2), ref.forward(prompt, keep_last=2), atol=1e-4)
+    assert pair.statics["target"].capacity >= 300 + 4
+    assert torch.allclose(lm.forward([9, 10, 11]), ref.forward([9, 10, 11]), atol=1e-4)  # a padded bucket after it
+
+
+def test_the_forward_does_not_read_the_cache_length_from_python():
+    """A captured graph could not: the cache says 0 always, and outputs match eager."""
+    pair = pair_for()
+    lm = pair.lm()
+    lm.forward([5, 6, 7])
+    assert pair.statics["target"].kv.get_seq_length() == 0
+    ref = pair_for(execution="eager").lm()
+    ref.forward([5, 6, 7])
+    assert torch.allclose(lm.forward([8]), ref.forward([8]), atol=1e-5)
+
+
+def test_an_earlier_generation_may_not_touch_the_cache_a_newer_one_took():
+    pair = pair_for()
+    old = pair.lm()
+    old.forward([5, 6])
+    pair.lm()
+    with pytest.raises(RuntimeError, match="newer generation"):
+        old.forward([7])
+
+
+def test_captures_happen_once_per_bucket_at_first_use_and_again_only_when_the_cache_grows():
+    calls: list = []
+    pair = pair_for()
+    static = StaticModel(pair.target, (1, 2, 4, 8), 64, rerun_capture(calls), label="test")
+    reference = pair_for(execution="eager")
+    for prompt in ([5, 6, 7], [9, 8, 7, 6]):
+        lm, ref = StaticLM(static), reference.lm()
+        for block in (prompt, [11, 12], [13], [14, 15, 16, 17, 18]):
+            assert torch.allclose(lm.forward(block), ref.forward(block), atol=1e-5)
+        lm.crop(len(prompt) + 1)
+        ref.crop(len(prompt) + 1)
+        assert torch.allclose(lm.forward([20]), ref.forward([20]), atol=1e-5)
+    assert len(calls) == 4 and static.captures == 4  # one per bucket, at the first forward
+    lm = StaticLM(static)
+    lm.forward(list(range(3, 70)))  # (ids < 259) needs more than 64 positions: grown, every bucket captured again
+    assert static.captures == 8 and static.capacity >= 67 + 8
+
+
+def test_a_graphed_call_replays_on_the_newest_arguments():
+    from specbench.decoding.static_lm import GraphedCall
+
+    calls: list = []
+    call = GraphedCall(lambda x, y: (x * y).sum(), rerun_capture(calls))
+    assert float(call(torch.ones(3), torch.tensor(2.0))) == 6.0
+    assert float(call(torch.arange(3.0), torch.tensor(3.0))) == 9.0  # the same capture, new values copied in
+    assert len(calls) == 1
+
+
+def test_reserve_sizes_every_static_cache_before_timing():
+    pair = build_tiny_pair(execution="static")
+    pair.lm().forward([5, 6])
+    pair.reserve(1000)
+    assert pair.statics["target"].capacity >= 1000 + max(pair.execution.buckets)
+    pair.lm("draft").forward([5])
+    assert pair.statics["draft"].capacity >= 1000
+
+
+# -- settings and errors ------------------------------------------------------------------------------------------
+
+def test_execution_resolves_per_device_and_graphs_needs_cuda():
+    assert resolve_execution("auto", "cpu").mode == "eager"
+    assert resolve_execution("static", "cpu").static
+    with pytest.raises(ConfigError, match="model.execution: graphs needs CUDA.*auto picks eager"):
+        resolve_execution("graphs", "cpu")
+    with pytest.raises(ConfigError, match="model.execution: unknown execution 'fast'"):
+        resolve_execution("fast", "cpu")
+    with pytest.raises(ConfigError, match="model.buckets"):
+        resolve_execution("static", "cpu", buckets=[0, 4])
+    with pytest.raises(ConfigError, match="model.cache_length"):
+        resolve_execution("static", "cpu", cache_length=8)
+
+
+def test_a_tree_larger_than_the_largest_bucket_is_refused():
+    pair = pair_for(buckets=[1, 2, 4, 8, 16])
+    with pytest.raises(ConfigError, match=r"model.buckets: method 'specinfer' feeds the target up to 33 tokens"):
+        SpecInfer(pair, "specinfer", max_nodes=32).check_blocks()
+    SpecInfer(pair, "specinfer", max_nodes=15).check_blocks()
+    with pytest.raises(ConfigError, match="model.buckets: method 'lookahead'"):
+        Lookahead(pair, window=5, ngram=4, guesses=5).check_blocks()
+    SpeculativeDecoding(pair, "dyn_heur", policy=HeuristicSL()).check_blocks()  # no bound: nothing to check
+    eager = pair_for(execution="eager", buckets=[1, 2])
+    SpecInfer(eager, "specinfer", max_nodes=32).check_blocks()  # eager pads nothing
+
+
+def test_bad_execution_settings_fail_before_any_model_loads(tmp_path):
+    from .conftest import run_cli
+
+    cases = {("model.execution=graphs",): "model.execution: graphs needs CUDA",
+             ("model.execution=static", "model.buckets=[1,2,4,8,16]", "method=specinfer"):
+                 "model.buckets: method 'specinfer' feeds the target up to 33 tokens",
+             ("model=embedded", "model.execution=static", "model.buckets=[1,2,4]", "method=prompt_lookup"):
+                 "model.buckets: method 'prompt_lookup' feeds the target up to 11 tokens",
+             ("model.execution=jit",): "model.execution: unknown execution 'jit'"}
+    for overrides, message in cases.items():
+        proc = run_cli(*overrides, "data=humaneval", "data.limit=1", records_dir=tmp_path / "records", check=False)
+        assert proc.returncode == 2 and message in proc.stderr, (overrides, proc.stderr[-2000:])
+        assert "Loading" not in proc.stderr and "converting" not in proc.stderr  # nothing loaded
+
+
+# -- every method equals the same mode's greedy --------------------------------------------------------------------
+
+def head_dir(tmp_path_factory, kind: str) -> str:
+    return random_head(pair_for(), kind, tmp_path_factory.mktemp(kind))
+
+
+def methods(pair, gamma: int, heads: dict):
+    made = {
+        "speculative": SpeculativeDecoding(pair, "speculative", gamma=gamma),
+        "dyn_heur": SpeculativeDecoding(pair, "dyn_heur", policy=HeuristicSL(initial=gamma)),
+        "confidence_sl": SpeculativeDecoding(pair, "confidence_sl", policy=ConfidenceSL(0.3, sl_max=gamma)),
+        "disco": SpeculativeDecoding(pair, "disco", policy=DiscoSL(DiscoClassifier().eval(), 0.4, sl_max=gamma)),
+        "specinfer": SpecInfer(pair, "specinfer", widths=[2, 2, 1][:max(1, gamma - 1)], max_nodes=8),
+        "lookahead": Lookahead(pair, window=3, ngram=3, guesses=3),
+        "ouroboros": Ouroboros(pair, gamma=gamma, window=4, beta=3, top_k=2),
+        "prompt_lookup": PromptLookup(pair, "prompt_lookup", num_pred_tokens=gamma),
+    }
+    for kind, directory in heads.items():
+        made[kind] = FeatureHeadMethod(pair, kind, kind=kind, head=directory, top_k=3, depth=3, max_nodes=8)
+    if assisted_supports_static_caches():
+        made["hf_assisted"] = HFAssisted(pair, "hf_assisted", gamma=gamma)
+    return made
+
+
+@pytest.fixture(scope="module")
+def heads(tmp_path_factory):
+    return {kind: head_dir(tmp_path_factory, kind) for kind in ("eagle", "griffin")}
+
+
+cases = st.fixed_dictionaries({
+    "arch": st.sampled_from(["llama", "gpt2"]),
+    "noise": st.sampled_from([0.0, 0.05, 0.2]),
+    "prompt": st.lists(st.integers(3, 258), min_size=1, max_size=10),
+    "gamma": st.integers(1, 5),
+    "max_new_tokens": st.integers(1, 30),
+    "eos_pick": st.one_of(st.none(), st.integers(0, 29)),
+})
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                 HealthCheck.function_scoped_fixture])
+@given(case=cases)
+def test_every_method_equals_static_greedy_and_eager_greedy(case, heads):
+    pair, eager = pair_for(case["arch"], case["noise"]), pair_for(case["arch"], case["noise"], "eager")
+    prompt, budget = case["prompt"], case["max_new_tokens"]
+    free = Greedy(pair, "greedy").generate(prompt, budget, set()).tokens
+    eos = {free[case["eos_pick"] % len(free)]} if case["eos_pick"] is not None else set()
+    reference = Greedy(pair, "greedy").generate(prompt, budget, eos).tokens
+    assert reference == Greedy(eager, "greedy").generate(prompt, budget, eos).tokens  # fp32: the modes agree
+    usable = heads if case["arch"] == "llama" else {}  # feature heads draft for Llama-family targets
+    for name, method in methods(pair, case["gamma"], usable).items():
+        method.reset(0)
+        gen = method.generate(prompt, budget, eos)
+        assert gen.tokens == reference, name
+        assert sum(gen.accept_lengths) == len(gen.tokens) or name == "hf_assisted", name
+
+
+def test_graphs_bookkeeping_with_a_stand_in_capture(heads, monkeypatch):
+    """The graphs path on the CPU: every bucket 'captured' before the first forward, replays reading only static
+    inputs, nothing captured again across generations; outputs identical to greedy."""
+    import specbench.decoding.static_lm as static_lm
+
+    calls: list = []
+    monkeypatch.setattr(static_lm, "cuda_capture", rerun_capture(calls))
+    pair = build_tiny_pair(name="tiny-llama", execution="static", device=TEST_DEVICE)
+    object.__setattr__(pair.execution, "mode", "graphs")  # what resolve_execution gives on CUDA
+    reference = Greedy(pair_for(), "greedy").generate([5, 6, 7], 24, set()).tokens
+    pair.reserve(64)
+    for method in methods(pair, 3, heads).values():
+        for _ in range(2):
+            method.reset(0)
+            assert method.generate([5, 6, 7], 24, set()).tokens == reference
+    buckets = len(pair.execution.buckets)
+    assert len(pair.statics) == 4  # target, draft, and the two heads
+    assert pair.captures[0] == len(calls) == 4 * buckets  # each captured once: nothing during the generations
+
+
+# -- T > 0: distribution-preserving in static mode too ---------------------------------------------------------------
+
+@pytest.mark.parametrize("make", ["speculative", "specinfer"])
+def test_sampling_over_a_static_cache_is_distributed_as_the_target(make):
+    """1500 generations of at most 3 tokens over a 6-token vocabulary, the chain (crop by length) and a tree
+    (accepted path copied into place) against the target's exact distribution (tests/distribution_helpers)."""
+    from .distribution_helpers import EOS, MAX_NEW, PROMPT, exact_sequence_distribution, goodness_of_fit
+    from .distribution_helpers import sample_generations, small_vocab_pair
+
+    eager = small_vocab_pair()
+    pair = eager.with_execution(resolve_execution("static", "cpu"))
+    target = exact_sequence_distribution(pair.target, 1.0, 1.0, PROMPT, MAX_NEW, {EOS})
+    method = (SpeculativeDecoding(pair, "speculative", gamma=2, temperature=1.0) if make == "speculative" else
+              SpecInfer(pair, "specinfer", widths=[2, 2], max_nodes=6, temperature=1.0))
+    counts, gens = sample_generations(method, PROMPT, MAX_NEW, {EOS}, 1500)
+    accepted, drafted = sum(g.accepted for g in gens), sum(g.drafted for g in gens)
+    assert 0.1 * drafted < accepted < drafted  # drafts were accepted and rejected
+    assert goodness_of_fit(counts, target) > 1e-3
+
+
+def test_the_cli_runs_every_method_on_a_static_cache_identical_to_greedy(tmp_path):
+    """Through the CLI (strict losslessness: a divergence exits 3): each method and its greedy on a static cache,
+    records that say so, run keys apart from eager's."""
+    import json
+
+    from .conftest import run_cli
+
+    records = tmp_path / "records"
+    methods = "speculative,specinfer,lookahead,ouroboros,prompt_lookup,dyn_heur"
+    run_cli("-m", f"method={methods}", "model.execution=static", "data=humaneval", "data.limit=2",
+            "data.max_new_tokens=20", records_dir=records)
+    run_cli("method=speculative", "data=humaneval", "data.limit=2", "data.max_new_tokens=20", records_dir=records)
+    for method in methods.split(","):
+        summaries = [json.loads(p.read_text()) for p in records.rglob(f"{method}-*.summary.json")]
+        static = [s for s in summaries if s.get("execution", {}).get("mode") == "static"]
+        assert len(static) == 1 and static[0]["identical"] == static[0]["prompts"] == 2, method
+        assert static[0]["execution"]["graphs_captured"] == 0  # no graphs on a CPU: buckets run directly
+        record = json.loads(next(p for p in records.rglob(f"{method}-{static[0]['run_key']}.jsonl")).read_text()
+                            .splitlines()[0])
+        assert record["env"]["execution"]["mode"] == "static" and record["env"]["execution"]["captured_while_timed"] == 0
+    keys = {json.loads(p.read_text())["run_key"] for p in records.rglob("speculative-*.summary.json")}
+    assert len(keys) == 2  # the eager run and the static one are two runs
