@@ -27,7 +27,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from . import costs as cost_model
 from .app import build
 from .cli import run_app
-from .environment import available_cores
+from .environment import available_cores, environment
 from .errors import ConfigError, require, require_count
 from .lossless import LosslessCheck
 from .metrics import compare, fmt, matched_baseline, summarize
@@ -176,16 +176,19 @@ def run(cfg: DictConfig) -> dict:
 
     forward_ms, efficiency = {}, {}
     for mode, mode_pair in pairs.items():
+        if mode_pair.execution.static:  # room for the largest block the cost table feeds (no regrowth mid-table)
+            mode_pair.reserve(len(first_prompt) + max(cost_model.TABLE_SIZES + cost_model.EXTRA_SIZES))
         target_costs = cost_model.measure_costs(mode_pair.lm("target"), first_prompt, repeats=cfg.cost_repeats)
         draft_costs = (cost_model.measure_costs(mode_pair.lm("draft"), first_prompt, repeats=cfg.cost_repeats)
                        if mode_pair.draft is not None else None)
-        print(f"execution: {mode_pair.execution.describe()}")
+        print(mode_pair.execution.describe())
         print_cost_table(target_costs, draft_costs)
         mine = [n for n in names if n == FP32_GREEDY and mode == modes[0].mode or n != FP32_GREEDY and (
             len(pairs) == 1 or n.endswith(f"@{mode}"))]
         efficiency.update(efficiency_rows(records, mine, summaries, target_costs, draft_costs, baseline_of))
         forward_ms[mode] = {"target": target_costs, "draft": draft_costs}
-    result = {"pair": pair.name, "precision": pair.precision.as_record(), "threads": threads,
+    result = {"command": ["python", "-m", "specbench.bench", *sys.argv[1:]], "env": environment(pair.device),
+              "pair": pair.name, "precision": pair.precision.as_record(), "threads": threads,
               "executions": {mode: p.execution.as_record() for mode, p in pairs.items()},
               "max_new_tokens": cfg.max_new_tokens, "gamma": cfg.gamma, "sampling": sampling,
               "forward_ms": forward_ms[modes[0].mode] if len(pairs) == 1 else forward_ms, "efficiency": efficiency,
