@@ -111,13 +111,14 @@ class BucketedForward:
         return self.session
 
     @torch.inference_mode()
-    def prepare(self, needed: int) -> None:
+    def prepare(self, needed: int, reserving: bool = False) -> None:
         """Have room for ``needed`` positions plus the largest bucket's padding, buffers allocated and (graphs)
-        every bucket captured. Called before each forward; does work only at first use and on growth."""
+        every bucket captured. Called before each forward; does work only at first use and on growth (announced
+        when a forward needed it, not when ``reserving`` ahead of time)."""
         room = needed + max(self.buckets)
         if room > self.capacity:
             capacity = max(2 * self.capacity, -(-room // 64) * 64)
-            if self.allocated:
+            if self.allocated and not reserving:
                 print(f"[specbench] {self.label}: static cache grown from {self.capacity} to {capacity} positions "
                       "(model.cache_length, or ModelPair.reserve before timing, avoids this)", file=sys.stderr)
             self.capacity = capacity

@@ -88,7 +88,7 @@ class ModelPair:
         budget), so that no cache grows, and no graph is captured again, inside a timed generation."""
         self.reserved = max(self.reserved, int(positions))
         for static in self.statics.values():
-            static.prepare(self.reserved)
+            static.prepare(self.reserved, reserving=True)
 
     @property
     def captures(self) -> tuple[int, float]:
