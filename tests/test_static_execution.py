@@ -332,6 +332,7 @@ def test_the_cli_runs_every_method_on_a_static_cache_identical_to_greedy(tmp_pat
         assert static[0]["execution"]["graphs_captured"] == 0  # no graphs on a CPU: buckets run directly
         record = json.loads(next(p for p in records.rglob(f"{method}-{static[0]['run_key']}.jsonl")).read_text()
                             .splitlines()[0])
-        assert record["env"]["execution"]["mode"] == "static" and record["env"]["execution"]["captured_while_timed"] == 0
+        execution = record["env"]["execution"]
+        assert execution["mode"] == "static" and execution["captured_while_timed"] == 0
     keys = {json.loads(p.read_text())["run_key"] for p in records.rglob("speculative-*.summary.json")}
     assert len(keys) == 2  # the eager run and the static one are two runs
