@@ -336,3 +336,23 @@ def test_the_cli_runs_every_method_on_a_static_cache_identical_to_greedy(tmp_pat
         assert execution["mode"] == "static" and execution["captured_while_timed"] == 0
     keys = {json.loads(p.read_text())["run_key"] for p in records.rglob("speculative-*.summary.json")}
     assert len(keys) == 2  # the eager run and the static one are two runs
+
+
+def test_run_keys_name_the_execution_and_graphs_runs_are_found_from_a_cpu():
+    """A report rendered on a CPU finds runs measured with graphs on a GPU: an explicit mode names the run without
+    being resolved against this machine; eager keeps the key it had before execution modes existed."""
+    from omegaconf import OmegaConf
+
+    from specbench.app import spec_for
+    from specbench.report.experiment import compose_config, hydra_context
+
+    with hydra_context():
+        cfgs = {mode: compose_config(["model=tiny_llama", f"model.execution={mode}", "method=speculative"])
+                for mode in ("eager", "static", "graphs", "auto")}
+        old = compose_config(["model=tiny_llama", "method=speculative"])
+    keys = {mode: spec_for(cfg, cfg.method).key for mode, cfg in cfgs.items()}
+    assert len({keys["eager"], keys["static"], keys["graphs"]}) == 3 and keys["auto"] == keys["eager"]
+    OmegaConf.set_struct(old, False)
+    for key in ("execution", "buckets", "cache_length"):  # the config before these keys
+        old.model.pop(key)
+    assert spec_for(old, old.method).key == keys["eager"]

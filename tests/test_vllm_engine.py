@@ -1,6 +1,7 @@
 """engine=vllm end to end: vLLM started for real on a tiny random Llama checkpoint written to the cache (skipped
 where vLLM is not installed; `make install` installs it), and on the embedded pair (slow)."""
 import json
+from pathlib import Path
 
 import pytest
 
@@ -63,8 +64,31 @@ def test_vllm_ngram_and_sampling_run(tmp_path):
     assert "lossless" not in ours[0] and "speedup" in proc.stdout
 
 
+def embedded_engines_need_gib() -> float:
+    """Memory two vLLM engines on the embedded pair need here (greedy: the target; speculative: target and draft),
+    each with its KV cache, plus one more copy of the target while it loads: the converted checkpoint's bytes in
+    the dtype ``model.dtype: auto`` resolves to (fp32 on a CPU without native bf16: ~26 GiB; bf16: ~15 GiB)."""
+    from omegaconf import OmegaConf
+
+    from specbench.engines.vllm import GIB
+    from specbench.models.embedded import DRAFT, TARGET, cache_root, converted_dir
+    from specbench.models.precision import resolve_precision
+
+    dtype = resolve_precision("auto", "cpu").dtype
+    size = {spec.role: sum(p.stat().st_size for p in converted_dir(spec, dtype, cache_root()).glob("*.safetensors"))
+            for spec in (TARGET, DRAFT)}
+    kv = OmegaConf.load(Path(__file__).resolve().parents[1] / "conf" / "engine" / "vllm.yaml").kv_cache_space_gib
+    return (3 * size["target"] + size["draft"]) / GIB + 2 * kv
+
+
 @pytest.mark.slow
 def test_vllm_draft_model_on_the_embedded_pair(tmp_path):
+    from specbench.engines.vllm import GIB, available_memory
+
+    need, free = embedded_engines_need_gib(), available_memory() / GIB
+    if free < need:
+        pytest.skip(f"two vLLM engines on the embedded pair need ~{need:.0f} GiB here (its checkpoint in the dtype "
+                    f"this CPU resolves to), MemAvailable is {free:.0f} GiB")
     proc = run_cli("engine=vllm", "model=embedded", "method=speculative", "data=humaneval", "data.limit=2",
                    "data.max_new_tokens=48", "runner.strict_lossless=false", records_dir=tmp_path / "records",
                    timeout=1200)

@@ -16,9 +16,9 @@ class HfEngine:
         """What this engine adds to a run's identity: how the forwards execute where that is not eager (a static
         cache, CUDA graphs: models/execution.py); nothing otherwise (runs measured before engines and execution
         modes existed keep their keys and resume)."""
-        from ..models.execution import execution_identity, execution_of_config
+        from ..models.execution import execution_identity
 
-        return execution_identity(execution_of_config(cfg.model))
+        return execution_identity(cfg.model)
 
     def check(self, cfg: DictConfig, pair=None) -> None:
         from ..config_check import check_components

@@ -126,12 +126,22 @@ def model_identity(model: dict) -> dict:
     return out
 
 
-def execution_identity(execution: Execution) -> dict | None:
-    """What a static or graphs run adds to its identity (None for eager: those runs keep their keys)."""
-    if not execution.static:
+def execution_identity(model_cfg) -> dict | None:
+    """What a static or graphs run adds to its identity (None for eager: those runs keep their keys). An explicit
+    mode names the run whatever this machine can run, so a CPU renders reports of runs measured on a GPU
+    (``graphs``); ``auto`` is resolved here."""
+    requested = model_cfg.get("execution", "auto")
+    if requested == "auto":
+        execution = execution_of_config(model_cfg)
+        mode, buckets, cache_length = execution.mode, execution.buckets, execution.cache_length
+    else:
+        require(requested in EXECUTIONS, "model.execution",
+                f"unknown execution {requested!r}; valid: {list(EXECUTIONS)}")
+        mode, cache_length = requested, model_cfg.get("cache_length")
+        buckets = check_buckets(list(model_cfg.get("buckets") or DEFAULT_BUCKETS), "model.buckets")
+    if mode == "eager":
         return None
-    return {"execution": {"mode": execution.mode, "buckets": list(execution.buckets),
-                          "cache_length": execution.cache_length}}
+    return {"execution": {"mode": mode, "buckets": list(buckets), "cache_length": cache_length}}
 
 
 def announce_execution(execution: Execution, role: str = "") -> None:
