@@ -127,11 +127,12 @@ def run(cfg: DictConfig) -> dict:
     pairs = {e.mode: loaded if loaded.execution.mode == e.mode else loaded.with_execution(e) for e in modes}
     pair = pairs[modes[0].mode]
     sampling = dict(temperature=float(cfg.temperature), top_p=float(cfg.top_p), seed=0)  # prompt i: seed + i
+    for name, method_cfg in method_cfgs.items():
+        if "gamma" in method_cfg and name in ("speculative", "hf_assisted"):
+            method_cfg.gamma = cfg.gamma
     built = {}
     for mode, mode_pair in pairs.items():
         for name, method_cfg in method_cfgs.items():
-            if "gamma" in method_cfg and name in ("speculative", "hf_assisted"):
-                method_cfg.gamma = cfg.gamma
             label = name if len(pairs) == 1 else f"{name}@{mode}"
             try:
                 built[label] = build(method_cfg, "method", pair=mode_pair, **sampling)

@@ -156,7 +156,7 @@ def test_captures_happen_once_per_bucket_at_first_use_and_again_only_when_the_ca
 
 
 def test_a_graphed_call_replays_on_the_newest_arguments():
-    from specbench.decoding.static_lm import GraphedCall
+    from specbench.decoding.graphs import GraphedCall
 
     calls: list = []
     call = GraphedCall(lambda x, y: (x * y).sum(), rerun_capture(calls))

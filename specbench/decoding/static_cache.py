@@ -57,9 +57,6 @@ class SlotLayer(CacheLayerMixin):
     def get_max_length(self) -> int:
         return self.owner.capacity
 
-    def get_max_cache_shape(self) -> int:  # older 5.x name
-        return self.owner.capacity
-
 
 class StaticKV(Cache):
     """The static cache of one model: ``capacity`` positions per layer, ``write_index`` set per forward."""

@@ -28,7 +28,7 @@ import torch
 
 from ..errors import ConfigError
 from .cached_lm import cache_argument, fit_vocabulary
-from .graphs import GraphedCall, cuda_capture  # noqa: F401  (re-exported: static execution's capture)
+from .graphs import cuda_capture  # noqa: F401  (looked up here by ModelPair.static_for: tests stand it in)
 from .static_cache import StaticKV
 from .token_tree import tree_layout
 
@@ -71,7 +71,7 @@ class Block:
 
 
 class BucketedForward:
-    """What static execution shares between a model (StaticModel) and a draft head (heads/static_head.py): the
+    """What static execution shares between a model (StaticModel) and a draft head (heads/head_runner.py): the
     buckets, one Block each, the capacity of the cache, capture, and staging a forward's inputs. A subclass
     says how its cache is allocated and grown and what the forward computes over a Block."""
 

@@ -53,10 +53,6 @@ class Execution:
     def graphs(self) -> bool:
         return self.mode == "graphs"
 
-    def bucket_for(self, tokens: int) -> int | None:
-        """The smallest bucket holding ``tokens``; None: larger than every bucket (runs unpadded, uncaptured)."""
-        return next((b for b in self.buckets if b >= tokens), None)
-
     def as_record(self) -> dict:
         out = asdict(self)
         out["buckets"] = list(self.buckets)

@@ -57,12 +57,16 @@ class ModelPair:
         from ..decoding.static_lm import StaticModel
 
         model = self.draft if role == "draft" else self.target
-        devices = sorted({str(p.device) for p in model.parameters()})
-        if self.execution.graphs and len(devices) > 1:
-            raise ConfigError(f"model.execution: graphs captures each model on one CUDA device, and pair "
-                              f"'{self.name}' places its {role} on {devices}; set model.device_map to one device "
-                              "(e.g. cuda:0) or use model.execution=static")
-        return self.static_for(role, lambda **settings: StaticModel(model, label=f"{self.name} {role}", **settings))
+
+        def build(**settings) -> StaticModel:  # once per role: the placement check is not repeated per generation
+            devices = sorted({str(p.device) for p in model.parameters()})
+            if self.execution.graphs and len(devices) > 1:
+                raise ConfigError(f"model.execution: graphs captures each model on one CUDA device, and pair "
+                                  f"'{self.name}' places its {role} on {devices}; set model.device_map to one device "
+                                  "(e.g. cuda:0) or use model.execution=static")
+            return StaticModel(model, label=f"{self.name} {role}", **settings)
+
+        return self.static_for(role, build)
 
     def static_for(self, key: str, build):
         """The static forward registered under ``key``, built at first use by ``build(buckets=, capacity=,
