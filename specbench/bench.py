@@ -31,6 +31,7 @@ from .environment import available_cores, environment
 from .errors import ConfigError, require, require_count
 from .lossless import LosslessCheck
 from .metrics import compare, fmt, matched_baseline, summarize
+from .models.backend import BACKENDS, backend_of_config
 from .models.execution import Execution, execution_of_config
 from .models.precision import precision_of_config
 from .report.console import render_table, speedup_text
@@ -70,8 +71,42 @@ def validate(cfg: DictConfig) -> None:
     require(isinstance(cfg.out, str) and cfg.out != "", "out", f"must be a directory, got {cfg.out!r}")
     option_list(cfg, "datasets", "data")
     option_list(cfg, "methods", "method")
-    precision_of_config(cfg.model)  # a bad dtype/device/linear kernel fails here
-    executions(cfg)  # graphs on a CPU, an unknown mode: the same
+    precision_of_config(OmegaConf.merge(cfg.model, {"backend": "transformers"}))  # a bad dtype/device/kernel
+    variants(cfg)  # graphs on a CPU, an unknown mode or backend: the same
+
+
+def variants(cfg: DictConfig) -> list[tuple[str, str, Execution]]:
+    """(backend, label, execution) of every pair variant the methods run on, side by side: each of ``backends``
+    that this pair and machine can run (a pair without GGUF files, a machine without llama-cpp-python: left out,
+    with the reason printed), transformers in each of ``executions``. Labels suffix the method names (name@label)
+    when there is more than one variant."""
+    value = cfg.backends
+    value = [value] if isinstance(value, str) else value
+    require(isinstance(value, (list, ListConfig)) and len(value) > 0 and all(b in BACKENDS for b in value),
+            "backends", f"must be a list of {list(BACKENDS)}, e.g. backends=[transformers,llamacpp], got {value!r}")
+    chosen: list[str] = []
+    for requested in value:
+        try:
+            backend = backend_of_config(OmegaConf.merge(cfg.model, {"backend": requested})).name
+        except ConfigError as exc:
+            if len(value) == 1:
+                raise
+            print(f"[specbench.bench] backend {requested} left out: {exc}", file=sys.stderr)
+            continue
+        if backend not in chosen:
+            chosen.append(backend)
+    require(chosen, "backends", f"none of {list(value)} runs pair '{cfg.model.get('name')}' here")
+    modes = executions(cfg) if "transformers" in chosen else []
+    out = []
+    for backend in chosen:
+        if backend == "llamacpp":
+            out.append((backend, "llamacpp", Execution()))
+            continue
+        for execution in modes:
+            label = execution.mode if chosen == ["transformers"] else (
+                "transformers" if len(modes) == 1 else f"transformers-{execution.mode}")
+            out.append((backend, label, execution))
+    return out
 
 
 def executions(cfg: DictConfig) -> list[Execution]:
@@ -92,7 +127,7 @@ def executions(cfg: DictConfig) -> list[Execution]:
 def compose_all(cfg: DictConfig):
     """The pair's config (and its float32 copy with fp32=true), each method's and each dataset's config."""
     base = cfg.model
-    fp32 = OmegaConf.merge(cfg.model, {"dtype": "float32"}) if cfg.fp32 else None
+    fp32 = OmegaConf.merge(cfg.model, {"dtype": "float32", "backend": "transformers"}) if cfg.fp32 else None
     with hydra_context():  # the main config's groups; Hydra's own when this runs as the app
         methods = {m: compose(config_name="config", overrides=[f"method={m}"]).method
                    for m in option_list(cfg, "methods", "method")}
@@ -121,11 +156,14 @@ def run(cfg: DictConfig) -> dict:
     threads = cfg.threads or available_cores()
     torch.set_num_threads(threads)
     base, fp32_cfg, method_cfgs, data_cfgs = compose_all(cfg)
-    modes = executions(cfg)
-    loaded = build(base, "model")
-    # one pair per execution mode, all on the same weights: the first mode's runs the baseline's rounds
-    pairs = {e.mode: loaded if loaded.execution.mode == e.mode else loaded.with_execution(e) for e in modes}
-    pair = pairs[modes[0].mode]
+    pairs: dict = {}  # label -> the pair it runs on: one load per backend, execution modes on the same weights
+    loaded: dict = {}
+    for backend, label, execution in variants(cfg):
+        if backend not in loaded:
+            loaded[backend] = build(OmegaConf.merge(base, {"backend": backend}), "model")
+        first = loaded[backend]
+        pairs[label] = first if first.execution.mode == execution.mode else first.with_execution(execution)
+    pair = next(iter(pairs.values()))
     sampling = dict(temperature=float(cfg.temperature), top_p=float(cfg.top_p), seed=0)  # prompt i: seed + i
     for name, method_cfg in method_cfgs.items():
         if "gamma" in method_cfg and name in ("speculative", "hf_assisted"):
@@ -136,8 +174,8 @@ def run(cfg: DictConfig) -> dict:
             label = name if len(pairs) == 1 else f"{name}@{mode}"
             try:
                 built[label] = build(method_cfg, "method", pair=mode_pair, **sampling)
-            except ConfigError as exc:  # a method that cannot run in this mode (hf_assisted on some transformers)
-                if mode_pair is pair or name == next(iter(method_cfgs)):
+            except ConfigError as exc:  # a method this variant cannot run (hf_assisted on llama.cpp, ...)
+                if name == next(iter(method_cfgs)):
                     raise
                 print(f"[specbench.bench] {label} left out: {exc}", file=sys.stderr)
     if fp32_cfg is not None:
@@ -177,22 +215,38 @@ def run(cfg: DictConfig) -> dict:
 
     forward_ms, efficiency = {}, {}
     for mode, mode_pair in pairs.items():
-        if mode_pair.execution.static:  # room for the largest block the cost table feeds (no regrowth mid-table)
+        if mode_pair.sized_to_the_run:  # room for the largest block the cost table feeds (no regrowth mid-table)
             mode_pair.reserve(len(first_prompt) + max(cost_model.TABLE_SIZES + cost_model.EXTRA_SIZES))
         target_costs = cost_model.measure_costs(mode_pair.lm("target"), first_prompt, repeats=cfg.cost_repeats)
         draft_costs = (cost_model.measure_costs(mode_pair.lm("draft"), first_prompt, repeats=cfg.cost_repeats)
                        if mode_pair.draft is not None else None)
-        print(mode_pair.execution.describe())
+        print(f"{mode}: " + (f"llama.cpp {mode_pair.info['backend']['llama_cpp_python']}, "
+                              f"{mode_pair.info['gguf']['quantization']}" if mode_pair.backend == "llamacpp"
+                              else f"transformers {mode_pair.dtype}, {mode_pair.execution.describe()}"))
         print_cost_table(target_costs, draft_costs)
-        mine = [n for n in names if n == FP32_GREEDY and mode == modes[0].mode or n != FP32_GREEDY and (
+        mine = [n for n in names if n == FP32_GREEDY and mode_pair is pair or n != FP32_GREEDY and (
             len(pairs) == 1 or n.endswith(f"@{mode}"))]
         efficiency.update(efficiency_rows(records, mine, summaries, target_costs, draft_costs, baseline_of))
         forward_ms[mode] = {"target": target_costs, "draft": draft_costs}
+    native = {}
+    for mode, mode_pair in pairs.items():  # our greedy loop on llama.cpp against llama.cpp's own (in C)
+        if mode_pair.backend == "llamacpp":
+            from .llamacpp_reference import compare_greedy
+
+            native[mode] = compare_greedy(mode_pair, first_prompt, cfg.max_new_tokens)
+            n = native[mode]
+            print(f"{mode}: our greedy {n['ours_ms_per_token']:.1f} ms/token, llama.cpp's own "
+                  f"{n['llamacpp_ms_per_token']:.1f} ms/token: ratio {n['ratio']:.3f} {fmt_ci(n['ratio_ci95'])} "
+                  f"over {n['rounds']} interleaved rounds; same tokens: {n['same_tokens']}")
     result = {"command": ["python", "-m", "specbench.bench", *sys.argv[1:]], "env": environment(pair.device),
+              "greedy_vs_llamacpp": native,
               "pair": pair.name, "precision": pair.precision.as_record(), "threads": threads,
               "executions": {mode: p.execution.as_record() for mode, p in pairs.items()},
+              "backends": {mode: {"name": p.backend, "precision": p.precision.as_record(),
+                                  **({"build": p.info["backend"], "gguf": p.info["gguf"]} if p.backend == "llamacpp"
+                                     else {})} for mode, p in pairs.items()},
               "max_new_tokens": cfg.max_new_tokens, "gamma": cfg.gamma, "sampling": sampling,
-              "forward_ms": forward_ms[modes[0].mode] if len(pairs) == 1 else forward_ms, "efficiency": efficiency,
+              "forward_ms": forward_ms[next(iter(pairs))] if len(pairs) == 1 else forward_ms, "efficiency": efficiency,
               "summaries": {k: {kk: vv for kk, vv in v.items() if kk not in ("first_divergence", "divergences")}
                             for k, v in summaries.items()}}
     ours, theirs = summaries.get("speculative", {}).get("speedup"), summaries.get("hf_assisted", {}).get("speedup")
@@ -207,6 +261,10 @@ def run(cfg: DictConfig) -> dict:
     (out / "result.json").write_text(json.dumps(result, indent=2, default=str))
     print(f"records and result: {out}")
     return result
+
+
+def fmt_ci(ci) -> str:
+    return f"[{ci[0]:.3f}, {ci[1]:.3f}]" if ci else ""
 
 
 def print_cost_table(target_costs: dict, draft_costs: dict | None) -> None:

@@ -35,6 +35,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from .config_types import Range, describe, problem
 from .errors import ConfigError, require
+from .models.backend import backend_of_config
 from .models.execution import execution_of_config
 from .models.precision import precision_of_config
 
@@ -62,6 +63,7 @@ class RunnerConfig:
     threads: Annotated[int, Range(ge=1)] | None  # null: the cores this process may use
     progress: bool
     batch_size: Annotated[int, Range(ge=1)] = 1  # requests in flight per round (engine=vllm; engine=hf: 1)
+    bound: bool = True  # measure T(k) after the run and print the speed-up the forward costs allow beside it
 
 
 # Top-level keys of a composed config: "target" nodes are checked against their _target_'s constructor.
@@ -91,6 +93,7 @@ class ConfigOnlyPair:
         self.name = model.get("name")
         self.draft = None if "draft" in model and model["draft"] is None else "<draft model, not loaded yet>"
         self.execution = execution_of_config(model)  # resolved without loading (static buckets vs trees)
+        self.backend = backend_of_config(model).name  # methods say which backends they run on
         vocab = vocab_size_before_loading(model)
         if vocab is not None:
             self.vocab_size = vocab
@@ -141,6 +144,13 @@ def check_components(cfg: DictConfig, pair=None) -> None:
         check_node(node, key, METHOD_RUNTIME if key in ("method", "baseline") else {})
     precision_of_config(cfg.model)  # a bad dtype / device / linear kernel fails here, before any weights load
     execution_of_config(cfg.model)  # graphs on a CPU, bad buckets: the same
+    loader_check = getattr(get_object(model["_target_"]), "check_config", None)
+    if loader_check is not None:  # what a loader checks of its own keys before loading (gguf: the files exist)
+        loader_check(model)
+    if backend_of_config(model).llamacpp:  # llama.cpp runs its own kernels: no static cache or graphs of ours
+        from .models.gguf_pair import check_llamacpp_execution
+
+        check_llamacpp_execution(model.get("execution", "auto"))
     sampling = plain(cfg, "sampling")
     stand_in = pair if pair is not None else ConfigOnlyPair(model)
     construct(cfg.data, "data")

@@ -78,3 +78,27 @@ def bound(records: list[dict], baseline: list[dict], target_costs, draft_costs) 
 def ratio_table(costs: dict[int, float]) -> dict[int, float]:
     """T(k)/T(1) over the table sizes."""
     return {k: costs[k] / costs[1] for k in TABLE_SIZES if k in costs}
+
+
+def run_bound(pair, records: list[dict], baseline: list[dict], prompt: list[int], repeats: int = 3) -> dict | None:
+    """The bound of one run (what ``python -m specbench`` prints beside the speed-up): T(k) measured now, after the
+    timed generations, on this pair and machine, for the block sizes the records fed (and 1, 24, 32 of each
+    model: prefills longer than 32 tokens are extrapolated linearly from T(24)..T(32), as llama.cpp's and torch's
+    compute-bound prefills scale); then ``bound`` over the method's records and their paired baseline records.
+    None without a baseline or forward sizes (engine=vllm)."""
+    from .metrics import matched_baseline
+
+    base = matched_baseline(records, baseline) if baseline else []
+    fed = {role: {k for r in records + base for k in (r.get("forward_sizes") or {}).get(role, [])
+                  if k <= TABLE_SIZES[-1]} for role in ("target", "draft")}
+    if not base or not fed["target"]:
+        return None
+    target = measure_costs(pair.lm("target"), prompt, sizes=sorted(fed["target"] | {1, 24, 32}), repeats=repeats)
+    draft = (measure_costs(pair.lm("draft"), prompt, sizes=sorted(fed["draft"] | {1, 24, 32}), repeats=repeats)
+             if fed["draft"] and pair.draft is not None else None)
+    limit = bound(records, base, target, draft)
+    if limit is None:
+        return None
+    verify = max((k for k in fed["target"] if k > 1), default=None)  # the largest verify block, for T(k)/T(1)
+    return {"bound": limit, "target_ms": target, "draft_ms": draft, "prompt_tokens": len(prompt),
+            "verify_ratio": {"k": verify, "ratio": target[verify] / target[1]} if verify else None}

@@ -106,7 +106,9 @@ def measure_noise(model, prompts: list[list[int]], positions: int = 32, blocks=(
 
 def fingerprint(model) -> str:
     """A cheap digest of the weights (names, shapes, a few values of each), so a changed model never reuses
-    another's noise."""
+    another's noise. A GGUF file (llama.cpp) is named by its sha256."""
+    if not isinstance(model, torch.nn.Module):
+        return model.describe()["sha256"][:16]
     digest = hashlib.sha1()
     for name, param in model.named_parameters():
         digest.update(f"{name}{tuple(param.shape)}".encode())

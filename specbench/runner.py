@@ -137,12 +137,13 @@ class Runner:
         records = [list(p) for p in previous]
         if todo:
             needed = {0, *(j for t in todo for j in t[3])}
-            static = {id(e.method.pair): e.method.pair for e in entries if e.method.pair.execution.static}
-            if static:  # size every static cache before anything is timed (no regrowth, no capture while timed)
+            static = {id(e.method.pair): e.method.pair for e in entries if e.method.pair.sized_to_the_run}
+            if static:  # size every static cache / llama.cpp context before anything is timed (no regrowth)
                 longest = self.longest_sequence([warmup_example] + [t[2] for t in todo])
                 for pair in static.values():
                     pair.reserve(longest)
             for j in sorted(needed):
+                self.tune(entries[j].method, records[j], warmup_example)
                 self.warm_up(entries[j].method, warmup_example)
             bar = tqdm(total=len(todo), desc="+".join(e.spec.method for e in entries), unit="prompt",
                        disable=not self.progress, file=sys.stderr)
@@ -197,6 +198,20 @@ class Runner:
     def check(self, ours: Measurement, baseline: dict) -> dict:
         return classify_record(self.lossless, ours.prompts, ours.record, baseline)
 
+    def tune(self, method: DecodingMethod, previous: list[dict], example: Example) -> None:
+        """A proposal length of ``auto`` (autotune.py), untimed, on the warm-up prompt: chosen once per run (a
+        resumed run takes the length its records were measured with)."""
+        if not method.tunes_length or getattr(method, "tuned", None):
+            return
+        earlier = next((r["tuned"] for r in previous if r.get("tuned")), None)
+        if earlier is None:
+            from .autotune import tune_length
+
+            prompt_ids = self.encode([{"role": "user", "content": example.prompt}], len(example.turns) > 1)
+            earlier = tune_length(method, method.pair, prompt_ids, min(self.max_new_tokens, 128))
+        method.set_proposal_length(earlier["chosen"])
+        method.tuned = earlier
+
     def warm_up(self, method: DecodingMethod, example: Example) -> None:
         prompt_ids = self.encode([{"role": "user", "content": example.prompt}], len(example.turns) > 1)
         budget = min(self.warmup_max_new_tokens, self.max_new_tokens)
@@ -231,6 +246,8 @@ class Runner:
                               env={**self.env, "precision": method.pair.precision.as_record(),
                                    "execution": execution},
                               model_info=method.pair.info, config=self.config)
+        if getattr(method, "tuned", None):  # the proposal length auto chose, and what it was chosen from
+            record["tuned"] = method.tuned
         return Measurement(record, prompts)
 
     def generate_turns(self, method: DecodingMethod, example: Example) -> tuple[list[dict], list[list[int]]]:

@@ -15,14 +15,14 @@ def test_embedded_speculative_and_hf_assisted_are_identical_to_greedy(tmp_path):
     assert "identical to greedy: 1/1" in proc.stdout, proc.stdout
     summary = json.loads(next(records.rglob("speculative-*.summary.json")).read_text())
     assert summary["tau"] > 1.5, "the 0.5B draft agrees with the 1.5B target most of the time"
-    proc = run_cli("method=hf_assisted", *common, records_dir=records, timeout=1200)
+    proc = run_cli("method=hf_assisted", "model.backend=transformers", *common, records_dir=records, timeout=1200)
     assert "identical to greedy: 1/1" in proc.stdout, proc.stdout
 
 
 def test_embedded_pair_shares_one_tokenizer():
     from specbench.models.embedded import load_embedded_pair
 
-    pair = load_embedded_pair(name="qwen2.5-coder-1.5b-0.5b")
+    pair = load_embedded_pair(name="qwen2.5-coder-1.5b-0.5b", backend="transformers")
     assert pair.target.config.vocab_size == pair.draft.config.vocab_size == 151936
     assert 151645 in pair.eos_ids
     ids = pair.encode("def add(a, b):")

@@ -12,20 +12,18 @@ from hypothesis import strategies as st
 
 from specbench.decoding.static_lm import StaticLM, StaticModel
 from specbench.errors import ConfigError
-from specbench.methods.disco import DiscoClassifier, DiscoSL
 from specbench.methods.feature_head import FeatureHeadMethod
 from specbench.methods.greedy import Greedy
 from specbench.methods.hf_assisted import HFAssisted, assisted_supports_static_caches
 from specbench.methods.lookahead import Lookahead
-from specbench.methods.ouroboros import Ouroboros
-from specbench.methods.prompt_lookup import PromptLookup
-from specbench.methods.sl_policies import ConfidenceSL, HeuristicSL
+from specbench.methods.sl_policies import HeuristicSL
 from specbench.methods.specinfer import SpecInfer
 from specbench.methods.speculative import SpeculativeDecoding
 from specbench.models.execution import resolve_execution
 from specbench.models.tiny import build_tiny_pair
 
 from .conftest import TEST_DEVICE
+from .loop_methods import loop_methods
 from .test_feature_heads import random_head
 
 PAIRS: dict = {}
@@ -223,16 +221,7 @@ def head_dir(tmp_path_factory, kind: str) -> str:
 
 
 def methods(pair, gamma: int, heads: dict):
-    made = {
-        "speculative": SpeculativeDecoding(pair, "speculative", gamma=gamma),
-        "dyn_heur": SpeculativeDecoding(pair, "dyn_heur", policy=HeuristicSL(initial=gamma)),
-        "confidence_sl": SpeculativeDecoding(pair, "confidence_sl", policy=ConfidenceSL(0.3, sl_max=gamma)),
-        "disco": SpeculativeDecoding(pair, "disco", policy=DiscoSL(DiscoClassifier().eval(), 0.4, sl_max=gamma)),
-        "specinfer": SpecInfer(pair, "specinfer", widths=[2, 2, 1][:max(1, gamma - 1)], max_nodes=8),
-        "lookahead": Lookahead(pair, window=3, ngram=3, guesses=3),
-        "ouroboros": Ouroboros(pair, gamma=gamma, window=4, beta=3, top_k=2),
-        "prompt_lookup": PromptLookup(pair, "prompt_lookup", num_pred_tokens=gamma),
-    }
+    made = loop_methods(pair, gamma)
     for kind, directory in heads.items():
         made[kind] = FeatureHeadMethod(pair, kind, kind=kind, head=directory, top_k=3, depth=3, max_nodes=8)
     if assisted_supports_static_caches():

@@ -16,24 +16,26 @@ from pathlib import Path
 
 import torch
 
-from ..decoding.cached_lm import CachedLM
 from ..errors import require
 from ..methods.disco import disco_features
 from ..methods.greedy import Greedy
 from ..records import RecordStore
 
 
-def teacher_forced_logits(model, prompt_ids: list[int], tokens: list[int]) -> torch.Tensor:
-    """The model's logits predicting each of ``tokens`` after prompt + the tokens before it: (n, V)."""
-    return CachedLM(model).forward(list(prompt_ids) + tokens[:-1], keep_last=len(tokens))
+def teacher_forced_logits(pair, role: str, prompt_ids: list[int], tokens: list[int]) -> torch.Tensor:
+    """The ``role`` model's logits predicting each of ``tokens`` after prompt + the tokens before it: (n, V), in
+    its own vocabulary (either backend: ``pair.lm``)."""
+    lm = pair.lm(role)
+    lm.vocab = None
+    return lm.forward(list(prompt_ids) + tokens[:-1], keep_last=len(tokens))
 
 
 def extract_prompt(pair, prompt_ids: list[int], max_new_tokens: int, eos_ids: set[int], top_k: int = 10) -> dict:
     """Target tokens, per-token features (n, k+2), agreement labels and TV distances for one prompt."""
     tokens = Greedy(pair, "disco-extract").generate(prompt_ids, max_new_tokens, eos_ids).tokens
-    draft_logits = teacher_forced_logits(pair.draft, prompt_ids, tokens)  # y^D_j, (n, V)
+    draft_logits = teacher_forced_logits(pair, "draft", prompt_ids, tokens)  # y^D_j, (n, V)
     # y^T_j, (n, V), beside the draft's (with device_map=auto the two models' outputs may sit on other devices)
-    target_logits = teacher_forced_logits(pair.target, prompt_ids, tokens).to(draft_logits.device)
+    target_logits = teacher_forced_logits(pair, "target", prompt_ids, tokens).to(draft_logits.device)
     vocab = min(draft_logits.shape[-1], target_logits.shape[-1])  # padded vocabularies may differ in size
     draft_probs = torch.softmax(draft_logits[:, :vocab], dim=-1)
     target_probs = torch.softmax(target_logits[:, :vocab], dim=-1)

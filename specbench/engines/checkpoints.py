@@ -64,7 +64,7 @@ def check_locatable(model: dict) -> None:
 def locate(model: dict) -> ModelFiles:
     """The pair's files (converting or writing them once if needed)."""
     check_locatable(model)
-    return LOCATORS[model["_target_"]](model, precision_of_config(model).dtype)
+    return LOCATORS[model["_target_"]](model, precision_of_config({**model, "backend": "transformers"}).dtype)
 
 
 @dataclass

@@ -106,6 +106,10 @@ class VllmEngine:
         require(execution == "auto", "model.execution",
                 f"{execution}: model.execution is how our own loops run (engine=hf); vLLM decodes with its own "
                 "CUDA graphs, turned off with engine.enforce_eager=true: leave model.execution at auto")
+        backend = plain(cfg, "model").get("backend", "transformers")
+        require(backend in ("auto", "transformers"), "model.backend",
+                f"{backend}: model.backend is what our own loops run on (engine=hf); vLLM loads the pair's "
+                "checkpoints itself: leave model.backend at auto or transformers")
         version = vllm_version()
         self.check_options()
         stand_in = ModelFiles(target="<target>", draft="<draft>" if plain(cfg, "model").get("draft", True) else None,

@@ -11,7 +11,7 @@ from ..decoding.generation import Generation
 from ..decoding.loop import speculative_generate
 from ..decoding.proposal import Proposer
 from ..decoding.sampling import Sampler
-from ..errors import require
+from ..errors import ConfigError, require
 from ..models.execution import EAGER, check_blocks
 from ..models.pair import ModelPair
 
@@ -33,8 +33,14 @@ class DecodingMethod:
     pair that has only those two (config_check.ConfigOnlyPair; reading more ends that early build there)."""
 
     needs_draft = False
+    backends = ("transformers", "llamacpp")  # model.backend values it runs on (models/backend.py)
 
     def __init__(self, pair: ModelPair, name: str, temperature: float = 0.0, top_p: float = 1.0, seed: int = 0):
+        backend = getattr(pair, "backend", "transformers")
+        if backend not in self.backends:
+            raise ConfigError(f"method={name}: does not run on model.backend={backend} ({self.backend_reason}); "
+                              f"methods that do: {', '.join(methods_for_backend(backend))}; or set "
+                              f"model.backend={self.backends[0]}")
         require(temperature >= 0, "sampling.temperature", f"must be >= 0, got {temperature}")
         require(0 < top_p <= 1, "sampling.top_p", f"must be in (0, 1], got {top_p}")
         if self.needs_draft:
@@ -43,6 +49,13 @@ class DecodingMethod:
         self.pair = pair
         self.name = name
         self.sampler = Sampler(temperature, top_p, seed)
+
+    backend_reason = ""  # why a method leaves a backend out, for the error above
+    tunes_length = False  # a proposal length of ``auto``: the runner sets it before timing (autotune.py)
+
+    def set_proposal_length(self, length: int) -> None:
+        """Draft ``length`` tokens a step from now on (only methods whose length can be ``auto``)."""
+        raise NotImplementedError(f"method '{self.name}' has no proposal length to tune")
 
     def reset(self, seed: int = 0) -> None:
         """Drop per-prompt state and reseed sampling; called by the runner before every prompt."""
@@ -100,7 +113,35 @@ class ProposerMethod(DecodingMethod):
                                     self.sampler, timeline)
 
 
+def length_or_auto(value, key: str, meaning: str) -> int | None:
+    """A proposal length: a positive integer, or ``auto`` (None: chosen before timing, autotune.py)."""
+    if value == "auto":
+        return None
+    require(isinstance(value, int) and not isinstance(value, bool) and value >= 1, key,
+            f"must be a positive integer ({meaning}) or auto, got {value!r}")
+    return int(value)
+
+
 def positive_int(value, key: str, meaning: str) -> int:
     require(isinstance(value, int) and not isinstance(value, bool) and value >= 1, key,
             f"must be a positive integer ({meaning}), got {value!r}")
     return int(value)
+
+
+def methods_for_backend(backend: str) -> list[str]:
+    """The ``method=`` names (conf/method/*.yaml) whose class runs on ``backend``."""
+    from pathlib import Path
+
+    import yaml
+    from hydra.utils import get_object
+
+    names = []
+    for path in sorted((Path(__file__).resolve().parents[2] / "conf" / "method").glob("*.yaml")):
+        target = (yaml.safe_load(path.read_text()) or {}).get("_target_")
+        try:
+            cls = get_object(target) if target else None
+        except Exception:  # noqa: BLE001 - a config naming a class that does not import runs nowhere
+            cls = None
+        if isinstance(cls, type) and backend in getattr(cls, "backends", ()):
+            names.append(path.stem)
+    return names

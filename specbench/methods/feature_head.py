@@ -25,6 +25,9 @@ class FeatureHeadMethod(ProposerMethod):
     """Knobs (EAGLE-2's names): ``top_k`` K (children per expanded node and frontier width), ``depth`` D (head
     forwards per step), ``max_nodes`` (tree budget: total_token). ``kind``: eagle | griffin, the head it needs."""
 
+    backends = ("transformers",)
+    backend_reason = "its head reads the target's hidden states and lm_head, which llama.cpp does not expose here"
+
     def __init__(self, pair, name: str = "eagle", kind: str = "eagle", head: str | None = None, top_k: int = 8,
                  depth: int = 5, max_nodes: int = 24, local_files_only: bool = True, temperature: float = 0.0,
                  top_p: float = 1.0, seed: int = 0):

@@ -44,6 +44,8 @@ class CallCounter:
 
 class HFAssisted(DecodingMethod):
     needs_draft = True
+    backends = ("transformers",)
+    backend_reason = "it is transformers' own generate() with an assistant model"
 
     def __init__(self, pair, name: str, gamma: int = 4, schedule: str = "constant",
                  confidence_threshold: float = 0.0, **sampling):

@@ -25,11 +25,12 @@ in ``extra``: steps, steps_with_match, and per step the n that matched (``match_
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Literal, Sequence
 
+from ..autotune import LONGEST
 from ..decoding.proposal import Proposal, Step, StepContext
 from ..errors import require
-from .base import ProposerMethod, positive_int
+from .base import ProposerMethod, length_or_auto, positive_int
 
 
 class NGramIndex:
@@ -110,15 +111,20 @@ class PromptLookup(ProposerMethod):
     (longest n-gram matched), ``min_ngram_size`` (shortest, tried last), ``num_pred_tokens`` (most tokens
     proposed per step)."""
 
-    def __init__(self, pair, name: str = "prompt_lookup", max_ngram_size: int = 3, num_pred_tokens: int = 10,
-                 min_ngram_size: int = 1, temperature: float = 0.0, top_p: float = 1.0, seed: int = 0):
+    def __init__(self, pair, name: str = "prompt_lookup", max_ngram_size: int = 3,
+                 num_pred_tokens: int | Literal["auto"] = 10, min_ngram_size: int = 1, temperature: float = 0.0,
+                 top_p: float = 1.0, seed: int = 0):
         super().__init__(pair, name, temperature, top_p, seed)
         self.max_ngram_size = positive_int(max_ngram_size, "method.max_ngram_size", "longest n-gram matched")
         self.min_ngram_size = positive_int(min_ngram_size, "method.min_ngram_size", "shortest n-gram matched")
         require(self.min_ngram_size <= self.max_ngram_size, "method.min_ngram_size",
                 f"must be <= method.max_ngram_size ({self.max_ngram_size}), got {self.min_ngram_size}")
-        self.num_pred_tokens = positive_int(num_pred_tokens, "method.num_pred_tokens",
-                                            "most tokens proposed per step")
+        fixed = length_or_auto(num_pred_tokens, "method.num_pred_tokens", "most tokens proposed per step")
+        self.tunes_length = fixed is None  # auto: chosen before timing (autotune.py)
+        self.num_pred_tokens = fixed if fixed is not None else LONGEST
+
+    def set_proposal_length(self, length: int) -> None:
+        self.num_pred_tokens = length
 
     def step_blocks(self) -> dict[str, int]:
         return {"target": self.num_pred_tokens + 1}

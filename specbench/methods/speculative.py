@@ -12,13 +12,16 @@ The number of tokens drafted per step (the speculation lookahead, SL) is decided
 """
 from __future__ import annotations
 
+from typing import Literal
+
 import torch
 
+from ..autotune import LONGEST
 from ..decoding.cached_lm import CachedLM, draft_lm
 from ..decoding.proposal import Proposal, Step, StepContext
 from ..errors import require
 from ..models.execution import EAGER
-from .base import ProposerMethod, positive_int
+from .base import ProposerMethod, length_or_auto
 from .sl_policies import StaticSL
 
 
@@ -61,10 +64,15 @@ class DraftChain:
 class SpeculativeDecoding(ProposerMethod):
     needs_draft = True
 
-    def __init__(self, pair, name: str, gamma: int = 4, policy=None, **sampling):
-        """gamma: the static SL used when no ``policy`` is given (a policy decides the SL itself)."""
+    def __init__(self, pair, name: str, gamma: int | Literal["auto"] = 4, policy=None, **sampling):
+        """gamma: the static SL used when no ``policy`` is given (a policy decides the SL itself); ``auto``: chosen
+        before timing from this machine's forward costs and the warm-up prompt's acceptance (autotune.py)."""
         super().__init__(pair, name, **sampling)
-        self.gamma = positive_int(gamma, "method.gamma", "draft tokens per step, γ")
+        fixed = length_or_auto(gamma, "method.gamma", "draft tokens per step, γ")
+        require(fixed is not None or policy is None, "method.gamma",
+                f"auto chooses a static γ; method '{name}' has a policy ({type(policy).__name__}) deciding it")
+        self.tunes_length = fixed is None
+        self.gamma = fixed if fixed is not None else LONGEST
         self.policy = policy if policy is not None else StaticSL(self.gamma)
         if hasattr(self.policy, "use_execution"):  # a policy that runs a network of its own (DISCO's classifier)
             self.policy.use_execution(getattr(pair, "execution", EAGER))
@@ -75,6 +83,9 @@ class SpeculativeDecoding(ProposerMethod):
     def reset(self, seed: int = 0) -> None:
         super().reset(seed)
         self.policy.reset()
+
+    def set_proposal_length(self, length: int) -> None:
+        self.gamma, self.policy = length, StaticSL(length)
 
     def step_blocks(self) -> dict[str, int]:
         bound = getattr(self.policy, "longest_draft", None)  # None: a policy whose SL grows without bound

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from ..errors import ConfigError
 from .pair import ModelPair, attention_of, eos_ids_of, prepare_for_inference
+from .backend import announce_backend, resolve_backend
 from .execution import announce_execution, resolve_attention, resolve_execution
 from .precision import DTYPES, announce, resolve_precision
 
@@ -93,7 +94,7 @@ def converted_dir(spec: PackagedGGUF, dtype: str, root: Path) -> Path:
     return root / "hf" / f"{Path(spec.filename).stem}-{dtype}"
 
 
-def prepare(spec: PackagedGGUF, dtype: str = "float32", root: Path | None = None, keep_gguf: bool = False) -> Path:
+def prepare(spec: PackagedGGUF, dtype: str = "float32", root: Path | None = None, keep_gguf: bool = True) -> Path:
     """Return a Hugging Face checkpoint dir for ``spec`` in ``dtype``, building it once if needed.
 
     One cache per dtype (bf16 is half the size of fp32). A checkpoint already converted to another dtype
@@ -135,10 +136,17 @@ def prepare(spec: PackagedGGUF, dtype: str = "float32", root: Path | None = None
 def load_embedded_pair(name: str, dtype: str = "auto", device: str = "cpu", chat_template: bool = True,
                        attn_implementation: str | None = "auto", linear_kernel: str = "auto", load_draft: bool = True,
                        execution: str = "auto", buckets: list[int] | None = None, cache_length: int | None = None,
+                       backend: str = "auto", context_length: int = 2048, flash_attn: bool | str = False,
                        **_) -> ModelPair:
-    """The embedded pair; load_draft=False leaves its draft unloaded (no method of the run uses it, ~1 GB)."""
+    """The embedded pair; load_draft=False leaves its draft unloaded (no method of the run uses it, ~1 GB).
+    backend: transformers (the GGUF dequantised once into a checkpoint in ``dtype``) or llamacpp (the GGUF files as
+    they are: models/gguf_pair.py); auto: llamacpp where llama-cpp-python is installed (models/backend.py)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    chosen = resolve_backend(backend, device, gguf=True, pair=name)
+    if chosen.llamacpp:
+        return load_embedded_llamacpp(name, chosen, chat_template, execution, load_draft, context_length, flash_attn)
+    announce_backend(chosen, name)
     precision = resolve_precision(dtype, device, linear_kernel)  # bad values fail here, before any weights load
     runs = resolve_execution(execution, device, buckets, cache_length)
     announce(precision, name)
@@ -161,14 +169,50 @@ def load_embedded_pair(name: str, dtype: str = "auto", device: str = "cpu", chat
     )
 
 
+def load_embedded_llamacpp(name: str, backend, chat_template: bool, execution: str, load_draft: bool,
+                           context_length: int, flash_attn: bool | str = False) -> ModelPair:
+    """The embedded GGUF files on llama.cpp: assembled from their parts once and loaded as they are."""
+    from .gguf_pair import check_llamacpp_execution, gguf_tokenizer, llamacpp_pair
+
+    check_llamacpp_execution(execution)
+    root = cache_root()
+    files = {"target": assemble(TARGET, root), "draft": assemble(DRAFT, root) if load_draft else None}
+    converted = converted_dir(TARGET, "float32", root)  # the same tokenizer, already read, when a conversion exists
+    if (converted / "tokenizer_config.json").exists():
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(converted)
+    else:
+        tokenizer = gguf_tokenizer(files["target"])
+    info = {"target": f"{TARGET.upstream} ({TARGET.filename})",
+            "draft": f"{DRAFT.upstream} ({DRAFT.filename})" if load_draft else None}
+    return llamacpp_pair(name, files, tokenizer, backend, chat_template, info, context_length, flash_attn)
+
+
+load_embedded_pair.gguf_pair = True
+
+
 def main(argv=None) -> None:
-    """``python -m specbench.models.embedded [--dtype auto|float32|bfloat16|float16]``: convert ahead of time."""
+    """``python -m specbench.models.embedded [--backend auto|transformers|llamacpp] [--dtype ...]``: ahead of time,
+    assemble the GGUF files (llamacpp) or convert them (transformers; per dtype)."""
     import argparse
 
-    parser = argparse.ArgumentParser(description="Assemble and convert the embedded pair once (per dtype).")
-    parser.add_argument("--dtype", default="auto", help="auto (the dtype runs will resolve to on this machine), "
-                                                        "float32, bfloat16 or float16")
+    parser = argparse.ArgumentParser(description="Prepare the embedded pair once: assembled GGUF files for llama.cpp, "
+                                                 "a converted checkpoint (per dtype) for transformers.")
+    parser.add_argument("--backend", default="auto", choices=("auto", "transformers", "llamacpp"),
+                        help="auto: what model.backend=auto resolves to here")
+    parser.add_argument("--dtype", default="auto", help="transformers: auto (the dtype runs will resolve to on this "
+                                                        "machine), float32, bfloat16 or float16")
     args = parser.parse_args(argv)
+    root = cache_root()
+    if args.backend == "llamacpp" or (args.backend == "auto" and resolve_backend("auto", "cpu", gguf=True).llamacpp):
+        from .gguf_pair import gguf_tokenizer
+
+        paths = [assemble(spec, root) for spec in (TARGET, DRAFT)]
+        gguf_tokenizer(paths[0])  # read once (~15 s), cached
+        for spec, path in zip((TARGET, DRAFT), paths):
+            print(spec.role, path)
+        return
     precision = resolve_precision(args.dtype, "cpu")
     announce(precision)
     for spec in (TARGET, DRAFT):

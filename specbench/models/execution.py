@@ -105,21 +105,41 @@ def execution_of_config(model_cfg) -> Execution:
     return resolve_execution(model_cfg.get("execution", "auto"), device, buckets, model_cfg.get("cache_length"))
 
 
-EXECUTION_KEYS = ("execution", "buckets", "cache_length")
+EXECUTION_KEYS = ("execution", "buckets", "cache_length", "context_length")  # sizes, not what is measured
+LLAMACPP_KEYS = ("flash_attn",)  # what only a llama.cpp run is named by
 
 
 def model_identity(model: dict) -> dict:
-    """The ``model`` config as it names a run: the execution keys leave it (the engine adds the execution where it
+    """The ``model`` config as it names a run: the backend only where it is not transformers (backend_identity);
+    the execution keys leave it (the engine adds the execution where it
     is not eager: engines/hf.py), and ``attn_implementation: auto`` is written as what it resolves to here (null,
     transformers' default, on a CPU), so runs of the hub and embedded pairs measured before these keys existed keep
     their keys."""
     out = {key: value for key, value in model.items() if key not in EXECUTION_KEYS}
+    out.pop("backend", None)
+    backend = backend_identity(model)
+    if backend != "transformers":  # runs on transformers keep the keys they had before backends existed
+        out["backend"] = backend
+    else:
+        for key in LLAMACPP_KEYS:
+            out.pop(key, None)
     if out.get("attn_implementation") == "auto":
         from .precision import placement_device
 
         out["attn_implementation"] = resolve_attention("auto", model.get("device") or
                                                        placement_device(model.get("device_map")))
     return out
+
+
+def backend_identity(model: dict) -> str:
+    """The backend a run is named by: an explicit one as written (a machine without llama-cpp-python still names,
+    and renders, runs measured on llama.cpp), ``auto`` as it resolves here."""
+    from .backend import backend_of_config
+
+    requested = model.get("backend", "transformers")
+    if requested != "auto":
+        return requested
+    return backend_of_config(model).name
 
 
 def execution_identity(model_cfg) -> dict | None:

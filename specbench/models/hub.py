@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from ..errors import ConfigError
 from .pair import ModelPair, attention_of, eos_ids_of, prepare_for_inference
+from .backend import resolve_backend
 from .execution import announce_execution, resolve_attention, resolve_execution
 from .precision import announce, placement_device, resolve_precision
 
@@ -32,12 +33,14 @@ def load_hub_pair(name: str, target: str, draft: str | None, dtype: str = "auto"
                   attn_implementation: str | None = None, tokenizer: str | None = None,
                   eos_token_ids: list[int] | None = None, linear_kernel: str = "auto", load_draft: bool = True,
                   execution: str = "auto", buckets: list[int] | None = None, cache_length: int | None = None,
+                  backend: str = "transformers",
                   **_) -> ModelPair:
     """A pair loaded by hub id or local directory; load_draft=False leaves the draft unloaded (no method of the
     run uses it: ``app.needs_draft_model``)."""
     from transformers import AutoTokenizer
 
     placement = placement_device(device_map)
+    resolve_backend(backend, placement, gguf=False, pair=name)  # llamacpp runs GGUF files: model=gguf
     precision = resolve_precision(dtype, placement, linear_kernel)
     runs = resolve_execution(execution, placement, buckets, cache_length)
     announce(precision, name)

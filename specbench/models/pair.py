@@ -12,7 +12,8 @@ from .execution import EAGER, Execution
 from .precision import Precision
 
 
-DRAFT_INFO = ("draft", "vocabularies")  # the keys of ModelPair.info about the draft (loaders, check_vocabularies)
+# the keys of ModelPair.info about the draft (loaders, check_vocabularies, llama.cpp pairs)
+DRAFT_INFO = ("draft", "vocabularies", "draft_gguf")
 
 
 @dataclass
@@ -29,6 +30,7 @@ class ModelPair:
     # role -> the StaticModel holding that role's static cache and captured graphs (static / graphs execution)
     statics: dict = field(default_factory=dict, repr=False)
     reserved: int = 0  # positions every static cache holds at least (``reserve``)
+    backend: str = "transformers"  # transformers | llamacpp: target and draft are then GGUFModels (llamacpp.py)
 
     def __post_init__(self) -> None:
         check_vocabularies(self)
@@ -44,6 +46,13 @@ class ModelPair:
         vocab = self.vocab_size if role == "draft" else None
         if model is None:
             raise ValueError(f"pair '{self.name}' has no {role} model")
+        if self.backend == "llamacpp":
+            from ..decoding.llamacpp_lm import LlamaCppLM
+
+            if features:
+                raise ConfigError(f"pair '{self.name}' runs on llama.cpp, whose contexts here return logits only: "
+                                  "feature-level draft heads need model.backend=transformers")
+            return LlamaCppLM(model.context(role), vocab)  # a context (and KV cache) per role: check has its own
         if not self.execution.static:
             return (FeatureLM if features else CachedLM)(model, vocab)
         from ..decoding.static_lm import StaticLM
@@ -91,8 +100,17 @@ class ModelPair:
         """Make every static cache (existing and future) hold ``positions`` (the longest prompt plus the
         budget), so that no cache grows, and no graph is captured again, inside a timed generation."""
         self.reserved = max(self.reserved, int(positions))
+        if self.backend == "llamacpp":  # contexts hold the run plus a tree's uncommitted nodes (<= 255)
+            for model in {id(m): m for m in (self.target, self.draft) if m is not None}.values():
+                model.reserve(self.reserved + 256)
+            return
         for static in self.statics.values():
             static.prepare(self.reserved, reserving=True)
+
+    @property
+    def sized_to_the_run(self) -> bool:
+        """Its caches are preallocated (static/graphs execution, llama.cpp contexts): ``reserve`` before timing."""
+        return self.execution.static or self.backend == "llamacpp"
 
     @property
     def captures(self) -> tuple[int, float]:
@@ -116,6 +134,8 @@ class ModelPair:
 
     @property
     def device(self) -> torch.device:
+        if self.backend == "llamacpp":
+            return torch.device("cpu")
         return next(self.target.parameters()).device
 
     def encode(self, prompt: str | Sequence[dict], chat: bool | None = None) -> list[int]:
@@ -145,6 +165,8 @@ def encode_prompt(tokenizer, prompt: str | Sequence[dict], chat: bool) -> list[i
 
 def vocab_size_of(model: torch.nn.Module) -> int:
     """Rows of the model's output layer (its padded vocabulary)."""
+    if not isinstance(model, torch.nn.Module):  # a GGUFModel (llama.cpp)
+        return int(model.out_features)
     head = model.get_output_embeddings()  # nn.Linear, or the PackedLinear that replaced it: both have out_features
     return int(head.out_features) if head is not None else int(model.get_text_config().vocab_size)
 

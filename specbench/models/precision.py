@@ -148,8 +148,13 @@ def placement_device(device_map: str | None) -> str:
 def precision_of_config(model_cfg) -> Precision:
     """What a ``model`` config resolves to on this machine, by the loaders' own rule, without loading anything:
     run keys and up-front validation use it."""
+    from .backend import backend_of_config, gguf_precision
+
     device = model_cfg.get("device") or placement_device(model_cfg.get("device_map"))
-    return resolve_precision(model_cfg.get("dtype", "auto"), device, model_cfg.get("linear_kernel", "auto"))
+    precision = resolve_precision(model_cfg.get("dtype", "auto"), device, model_cfg.get("linear_kernel", "auto"))
+    if backend_of_config(model_cfg).llamacpp:  # the GGUF files' own quantization (bad values still fail above)
+        return gguf_precision(model_cfg.get("dtype", "auto"))
+    return precision
 
 
 def packed_linear_available() -> bool:

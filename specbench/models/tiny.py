@@ -11,6 +11,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from ..errors import require
+from .backend import resolve_backend
 from .execution import resolve_attention, resolve_execution
 from .pair import ModelPair, attention_of, prepare_for_inference
 from .precision import resolve_precision
@@ -73,11 +74,12 @@ def build_tiny_pair(name: str = "tiny-llama", arch: str = "llama", hidden_size: 
                     device: str = "cpu", chat_template: bool = False, linear_kernel: str = "auto",
                     lm_head_ties: list | None = None, load_draft: bool = True, execution: str = "auto",
                     buckets: list[int] | None = None, cache_length: int | None = None,
-                    attn_implementation: str | None = "auto", **_) -> ModelPair:
+                    attn_implementation: str | None = "auto", backend: str = "transformers", **_) -> ModelPair:
     """lm_head_ties: [[a, b], ...] copies token a's output row onto token b's, so the two always tie exactly
     (a hand-made near-tie for testing the losslessness classification). load_draft=False: no draft (no method
     of the run uses it; ``app.needs_draft_model``)."""
     require(draft_noise >= 0, "model.draft_noise", f"must be >= 0, got {draft_noise}")
+    resolve_backend(backend, device, gguf=False, pair=name)  # llamacpp: model=tiny_gguf has these weights as GGUF
     precision = resolve_precision(dtype, device, linear_kernel)
     runs = resolve_execution(execution, device, buckets, cache_length)
     attention = resolve_attention(attn_implementation, device)

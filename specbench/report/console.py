@@ -94,6 +94,16 @@ def render_headline(name: str, s: dict) -> str:
             line += (f", speedup vs greedy at this batch size {s['throughput_speedup']:.2f}x"
                      f"{f' [{ci[0]:.2f}, {ci[1]:.2f}]' if ci else ''} (mean of {s.get('batches', 0)} paired batch(es))")
         lines.append(line)
+    tuned = s.get("tuned")
+    if tuned:
+        lines.append(f"proposal length: auto -> {tuned['chosen']} (predicted {tuned['predicted']:.2f}x greedy from "
+                     "the warm-up prompt's acceptance and this machine's T(k))")
+    limit = s.get("bound")
+    if limit and not s.get("is_baseline"):
+        ratio = limit.get("verify_ratio")
+        verify = f"; T({ratio['k']})/T(1) = {ratio['ratio']:.2f}" if ratio else ""
+        lines.append(f"bound from this machine's forward costs: {limit['bound']:.2f}x{verify}; efficiency "
+                     f"(Σ/Σ speed-up / bound) {fmt(limit.get('efficiency'))}")
     lines.append(f"tau (mean tokens per target forward): {fmt(s.get('tau'))}")
     lines.append(f"acceptance rate: {fmt(s.get('acceptance_rate'))}")
     alpha = alpha_text(s.get("alpha"))

@@ -1,0 +1,107 @@
+"""Which library runs a pair's forwards, decided before any weights load: ``model.backend``.
+
+- ``transformers``: PyTorch models (HF-identical numerics; what GPU users run; every method, feature heads too).
+- ``llamacpp``: llama.cpp through llama-cpp-python, on the pair's GGUF files as they are (their own quantization, no
+  conversion): the engine CPU users run. Every method on the one loop runs on it; feature-level heads (EAGLE,
+  GRIFFIN) and transformers' own assisted generation do not (they read a torch model).
+- ``auto``: llamacpp for a pair that has GGUF files on a CPU where llama-cpp-python is installed (a decoding step of
+  the embedded pair measured 6.9x faster than transformers' float32 on a 2-core AVX2 CPU, see docs/llamacpp.md),
+  transformers otherwise; the reason is printed and recorded.
+
+A loader says it has GGUF files with ``gguf_pair = True`` on the function (the embedded pair, tiny_gguf, gguf).
+"""
+from __future__ import annotations
+
+import sys
+from dataclasses import asdict, dataclass
+
+import torch
+
+from ..errors import ConfigError, require
+
+BACKENDS = ("auto", "transformers", "llamacpp")
+GGUF_PAIRS = "model=embedded, model=tiny_gguf, or model=gguf with model.target_gguf=PATH model.draft_gguf=PATH"
+
+
+@dataclass(frozen=True)
+class Backend:
+    requested: str = "transformers"
+    name: str = "transformers"
+    reason: str = "default"
+
+    @property
+    def llamacpp(self) -> bool:
+        return self.name == "llamacpp"
+
+    def as_record(self) -> dict:
+        return asdict(self)
+
+    def describe(self) -> str:
+        return f"backend: {self.name} (requested {self.requested}: {self.reason})"
+
+
+TRANSFORMERS = Backend()
+
+
+def resolve_backend(backend: str = "auto", device: str | torch.device | None = "cpu", gguf: bool = False,
+                    pair: str = "") -> Backend:
+    """Resolve ``model.backend`` for a pair (``gguf``: it has GGUF files) on ``device``; a bad value, a pair without
+    GGUF files, a GPU device or a missing llama-cpp-python is a ConfigError raised before any weights load."""
+    from .llamacpp import llama_cpp_available, llama_cpp_module
+
+    require(backend in BACKENDS, "model.backend", f"unknown backend {backend!r}; valid: {list(BACKENDS)}")
+    on_cpu = torch.device(device or "cpu").type == "cpu"
+    if backend == "transformers":
+        return Backend(backend, "transformers", "set explicitly")
+    if backend == "llamacpp":
+        if not gguf:
+            raise ConfigError(f"model.backend: llamacpp runs GGUF files, and pair '{pair}' has none (it loads "
+                              f"transformers checkpoints); pairs with GGUF files: {GGUF_PAIRS}")
+        if not on_cpu:
+            raise ConfigError(f"model.backend: llamacpp runs on the CPU here (llama-cpp-python's CPU build), and "
+                              f"model.device is {device}; set model.device=cpu or model.backend=transformers")
+        llama_cpp_module()  # one line saying how to install it
+        return Backend(backend, "llamacpp", "set explicitly")
+    if not gguf:
+        return Backend(backend, "transformers", f"auto -> transformers: pair '{pair}' has no GGUF files")
+    if not on_cpu:
+        return Backend(backend, "transformers", f"auto -> transformers: llama.cpp runs on the CPU here, the pair on "
+                                                f"{device}")
+    if not llama_cpp_available():
+        return Backend(backend, "transformers", "auto -> transformers: llama-cpp-python is not installed (`make "
+                                                "llamacpp`: its quantized kernels step this pair several times faster)")
+    return Backend(backend, "llamacpp", "auto -> llamacpp: a GGUF pair on a CPU; llama.cpp's quantized kernels step "
+                                        "it several times faster than transformers (docs/llamacpp.md)")
+
+
+def loader_has_gguf(model_cfg) -> bool:
+    """Whether a ``model`` config's loader reads GGUF files (``gguf_pair`` on the function its _target_ names)."""
+    from hydra.utils import get_object
+
+    target = model_cfg.get("_target_")
+    try:
+        return bool(getattr(get_object(target), "gguf_pair", False)) if target else False
+    except Exception:  # noqa: BLE001 - a bad _target_ is reported by check_node, with the valid ones
+        return False
+
+
+def backend_of_config(model_cfg) -> Backend:
+    """What a ``model`` config's backend resolves to on this machine, without loading anything."""
+    from .precision import placement_device
+
+    device = model_cfg.get("device") or placement_device(model_cfg.get("device_map"))
+    return resolve_backend(model_cfg.get("backend", "transformers"), device, loader_has_gguf(model_cfg),
+                           model_cfg.get("name", ""))
+
+
+def announce_backend(backend: Backend, role: str = "") -> None:
+    if backend.requested != "transformers":
+        print(f"[specbench] {role + ': ' if role else ''}{backend.describe()}", file=sys.stderr)
+
+
+def gguf_precision(requested: str = "auto"):
+    """The Precision of a llama.cpp pair: the files' own quantization (recorded per file in the model info)."""
+    from .precision import Precision
+
+    return Precision(requested=requested, dtype="gguf", reason="llama.cpp computes in each GGUF file's own "
+                     "quantization (model info: backend.files)", linear_kernel="llamacpp", device="cpu")

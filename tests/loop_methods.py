@@ -1,0 +1,21 @@
+"""Every method on the one loop, built small for property tests on a tiny pair (any backend or execution mode)."""
+from specbench.methods.disco import DiscoClassifier, DiscoSL
+from specbench.methods.lookahead import Lookahead
+from specbench.methods.ouroboros import Ouroboros
+from specbench.methods.prompt_lookup import PromptLookup
+from specbench.methods.sl_policies import ConfidenceSL, HeuristicSL
+from specbench.methods.specinfer import SpecInfer
+from specbench.methods.speculative import SpeculativeDecoding
+
+
+def loop_methods(pair, gamma: int) -> dict:
+    return {
+        "speculative": SpeculativeDecoding(pair, "speculative", gamma=gamma),
+        "dyn_heur": SpeculativeDecoding(pair, "dyn_heur", policy=HeuristicSL(initial=gamma)),
+        "confidence_sl": SpeculativeDecoding(pair, "confidence_sl", policy=ConfidenceSL(0.3, sl_max=gamma)),
+        "disco": SpeculativeDecoding(pair, "disco", policy=DiscoSL(DiscoClassifier().eval(), 0.4, sl_max=gamma)),
+        "specinfer": SpecInfer(pair, "specinfer", widths=[2, 2, 1][:max(1, gamma - 1)], max_nodes=8),
+        "lookahead": Lookahead(pair, window=3, ngram=3, guesses=3),
+        "ouroboros": Ouroboros(pair, gamma=gamma, window=4, beta=3, top_k=2),
+        "prompt_lookup": PromptLookup(pair, "prompt_lookup", num_pred_tokens=gamma),
+    }
