@@ -30,13 +30,13 @@ from .cli import run_app
 from .environment import available_cores, environment
 from .errors import ConfigError, require, require_count
 from .lossless import LosslessCheck
-from .metrics import compare, fmt, matched_baseline, summarize
+from .metrics import compare, fmt, matched_baseline, round_of, summarize
 from .models.backend import BACKENDS, backend_of_config
 from .models.execution import Execution, execution_of_config
 from .models.precision import precision_of_config
 from .report.console import render_table, speedup_text
 from .report.experiment import hydra_context
-from .runner import Entry, Runner, RunSpec
+from .runner import Entry, Runner, RunSpec, classify_record
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 FP32_GREEDY = "greedy_fp32"
@@ -198,6 +198,8 @@ def run(cfg: DictConfig) -> dict:
         entries = [Entry(built[n], RunSpec(key="bench", method=n, pair=pair.name, data=dataset.name, records_dir=out))
                    for n in names]
         measured = runner.run(entries, examples, dataset.warmup_example(), order_offset=len(records[names[0]]))
+        classify_variants(runner, built, names, baseline_of, dict(zip(names, measured)), examples, threads,
+                          exact=cfg.temperature == 0)
         for name, recs in zip(names, measured):
             records[name] += recs
             for r in recs:
@@ -208,8 +210,11 @@ def run(cfg: DictConfig) -> dict:
     # at temperature > 0 outputs are samples: compared by distribution (the tests), not token by token
     # every method against its own mode's greedy, timed in the same rounds (a mode's greedy against the first's)
     exact = sampling["temperature"] == 0
+    # a variant's greedy against the first variant's: the same tokens are expected only on the same backend
     summaries = {name: summarize(recs, records[baseline_of[name]] if name != baseline_of[name] else baseline,
-                                 exact=exact and name != FP32_GREEDY, is_baseline=name == names[0])
+                                 exact=exact and name != FP32_GREEDY and (
+                                     name != baseline_of[name] or built[name].pair.backend == pair.backend),
+                                 is_baseline=name == names[0])
                  for name, recs in records.items()}
     print(render_table(list(summaries.items())))
 
@@ -261,6 +266,28 @@ def run(cfg: DictConfig) -> dict:
     (out / "result.json").write_text(json.dumps(result, indent=2, default=str))
     print(f"records and result: {out}")
     return result
+
+
+def classify_variants(runner, built: dict, names: list[str], baseline_of: dict, measured: dict, examples,
+                      threads: int, exact: bool) -> None:
+    """The losslessness verdicts of methods on another variant's pair than the runner's (the runner classifies
+    only its own pair's): each against its own variant's greedy in the same round, with that pair's own measured
+    noise (its backend's); untimed, after the rounds. Single-turn prompts (a conversation stays unclassified)."""
+    if not exact:
+        return
+    prompts = {ex.id: [runner.encode([{"role": "user", "content": ex.prompt}], False)] for ex in examples
+               if len(ex.turns) == 1}
+    checks: dict = {}
+    for name in names:
+        method_pair, against = built[name].pair, baseline_of[name]
+        if name == against or name == FP32_GREEDY or method_pair is runner.pair:
+            continue
+        check = checks.setdefault(id(method_pair), LosslessCheck(method_pair, threads))
+        greedy = {round_of(r): r for r in measured[against]}
+        for record in measured[name]:
+            base = greedy.get(round_of(record))
+            if base is not None and record["prompt_id"] in prompts and "lossless" not in record:
+                record["lossless"] = classify_record(check, prompts[record["prompt_id"]], record, base)
 
 
 def fmt_ci(ci) -> str:

@@ -44,6 +44,24 @@ def test_bench_rounds_cost_table_and_efficiency(tmp_path, capsys):
     assert len(rounds) == 2 and all(m == {"greedy", "speculative", "lookahead", "greedy_fp32"} for m in rounds.values())
 
 
+def test_bench_runs_both_backends_side_by_side_and_times_llamacpps_own_greedy(tmp_path, capsys):
+    """model=tiny_gguf: the same weights on transformers and llama.cpp; every method against its own backend's
+    greedy in the same rounds, a cost table per backend, and our greedy loop against llama.cpp's own."""
+    pytest.importorskip("llama_cpp")
+    result = bench.run(bench_config("model=tiny_gguf", "backends=[transformers,llamacpp]", "datasets=[gsm8k]",
+                                    "limit=2", "max_new_tokens=12", "methods=[greedy,speculative,hf_assisted]",
+                                    "cost_repeats=1", f"out={tmp_path}"))
+    out = capsys.readouterr().out
+    assert set(result["efficiency"]) == {"speculative@transformers", "hf_assisted@transformers",
+                                         "speculative@llamacpp"}  # hf_assisted is refused on llama.cpp: left out
+    assert set(result["forward_ms"]) == {"transformers", "llamacpp"}
+    assert result["backends"]["llamacpp"]["gguf"]["quantization"] == "F32"
+    native = result["greedy_vs_llamacpp"]["llamacpp"]
+    assert native["same_tokens"] and native["ratio"] > 0 and "llama.cpp's own" in out
+    summaries = result["summaries"]
+    assert summaries["speculative@llamacpp"]["identical"] == summaries["speculative@llamacpp"]["compared"] == 2
+
+
 def test_bound_is_predicted_greedy_time_over_predicted_method_time():
     table = {1: 10.0, 2: 12.0, 4: 14.0, 8: 20.0}
     assert costs.interpolate(table, 3) == 13.0 and costs.interpolate(table, 16) == 32.0
@@ -68,6 +86,8 @@ def test_bench_keys_default_to_the_old_options_and_paths():
     (["methods=[greedy,nosuch]"], "methods: 'nosuch' is not a conf/method option"),
     (["model=tiny_llama", "model.dtype=half"], "model.dtype: unknown dtype 'half'"),
     (["limt=3"], "Could not override 'limt'"),
+    (["backends=[onnx]"], "backends: must be a list of ['auto', 'transformers', 'llamacpp']"),
+    (["model=tiny_llama", "backends=[llamacpp]"], "model.backend: llamacpp runs GGUF files"),
     (["model=nosuch"], "Could not find 'model/nosuch'; Available options in 'model': "),
 ])
 def test_bench_bad_input_is_one_line_naming_the_key_and_exit_2(tmp_path, args, message):
