@@ -71,3 +71,14 @@ def test_the_cli_records_the_chosen_length_and_a_resumed_run_keeps_it(tmp_path):
     assert "proposal length: auto ->" not in proc.stderr  # taken from the records, not measured again
     lines = next(records.rglob("speculative-*.jsonl")).read_text().splitlines()
     assert [json.loads(line)["tuned"]["chosen"] for line in lines] == [chosen, chosen]
+
+
+def test_vllm_takes_a_number_not_auto():
+    from specbench.engines.vllm_methods import ModelFiles, draft_model, ngram
+
+    files = ModelFiles(target="<t>", draft="<d>", tokenizer="<t>", dtype="bfloat16")
+    with pytest.raises(ConfigError, match="method.gamma: auto is chosen by our own loops"):
+        draft_model({"gamma": "auto"}, files)
+    with pytest.raises(ConfigError, match="method.num_pred_tokens: auto"):
+        ngram({"num_pred_tokens": "auto"}, files)
+    assert draft_model({"gamma": 3}, files)["num_speculative_tokens"] == 3

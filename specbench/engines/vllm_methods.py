@@ -34,10 +34,15 @@ def draft_model(method: dict, files: ModelFiles) -> dict:
             "vLLM's draft-model speculation drafts a fixed γ each step; speculation-length policies (DISCO, "
             "dyn_heur, ...) run with engine=hf")
     require(files.draft is not None, "model.draft", "this pair has no draft model; method=speculative needs one")
+    require(method.get("gamma", 4) != "auto", "method.gamma", AUTO_IS_OURS)
     return {"method": "draft_model", "model": files.draft, "num_speculative_tokens": method.get("gamma", 4)}
 
 
+AUTO_IS_OURS = ("auto is chosen by our own loops from their measured costs (engine=hf); give vLLM a number")
+
+
 def ngram(method: dict, files: ModelFiles) -> dict:
+    require(method.get("num_pred_tokens", 10) != "auto", "method.num_pred_tokens", AUTO_IS_OURS)
     return {"method": "ngram", "num_speculative_tokens": method.get("num_pred_tokens", 10),
             "prompt_lookup_max": method.get("max_ngram_size", 3), "prompt_lookup_min": method.get("min_ngram_size", 1)}
 
