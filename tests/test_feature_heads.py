@@ -220,7 +220,7 @@ def test_artifacts_round_trip_and_record_their_hash(tmp_path):
 
 def test_a_missing_head_fails_before_the_pair_is_read(tmp_path):
     class Unloaded:  # reading the target would raise: the check must come first
-        name, draft = "tiny", None
+        name, draft, backend = "tiny", None, "transformers"  # what a ConfigOnlyPair has too
 
         def __getattr__(self, attr):
             raise AssertionError(f"read {attr}")

@@ -205,7 +205,8 @@ def test_bad_execution_settings_fail_before_any_model_loads(tmp_path):
     cases = {("model.execution=graphs",): "model.execution: graphs needs CUDA",
              ("model.execution=static", "model.buckets=[1,2,4,8,16]", "method=specinfer"):
                  "model.buckets: method 'specinfer' feeds the target up to 33 tokens",
-             ("model=embedded", "model.execution=static", "model.buckets=[1,2,4]", "method=prompt_lookup"):
+             ("model=embedded", "model.backend=transformers", "model.execution=static", "model.buckets=[1,2,4]",
+              "method=prompt_lookup"):
                  "model.buckets: method 'prompt_lookup' feeds the target up to 11 tokens",
              ("model.execution=jit",): "model.execution: unknown execution 'jit'"}
     for overrides, message in cases.items():

@@ -29,8 +29,8 @@ class DecodingMethod:
     """Given prompt ids and a budget, produce new token ids and raw counters.
 
     ``__init__`` validates every setting (ConfigError naming the key) before it reads anything of the pair but
-    ``name`` and ``draft``: before any model loads, the CLI builds each configured method once with a stand-in
-    pair that has only those two (config_check.ConfigOnlyPair; reading more ends that early build there)."""
+    ``name``, ``draft`` and ``backend``: before any model loads, the CLI builds each configured method once with a
+    stand-in pair that has only those (config_check.ConfigOnlyPair; reading more ends that early build there)."""
 
     needs_draft = False
     backends = ("transformers", "llamacpp")  # model.backend values it runs on (models/backend.py)

