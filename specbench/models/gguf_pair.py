@@ -6,7 +6,6 @@ so prompts, chat templates and scoring are the same on both backends; llama.cpp 
 """
 from __future__ import annotations
 
-import hashlib
 import sys
 from pathlib import Path
 
@@ -15,7 +14,7 @@ import torch
 from ..errors import require
 from .backend import Backend, announce_backend, gguf_precision, resolve_backend
 from .execution import resolve_execution
-from .llamacpp import DEFAULT_CONTEXT, GGUFModel, build_info
+from .llamacpp import DEFAULT_CONTEXT, GGUFModel, build_info, file_version
 from .pair import ModelPair, eos_ids_of
 
 
@@ -33,9 +32,7 @@ def gguf_tokenizer(path: Path):
 
     from .embedded import cache_root
 
-    stat = path.stat()
-    key = hashlib.sha1(f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()[:16]
-    saved = cache_root() / "tokenizers" / f"{path.stem}-{key}"
+    saved = cache_root() / "tokenizers" / f"{path.stem}-{file_version(path)}"
     if (saved / "tokenizer_config.json").exists():
         return AutoTokenizer.from_pretrained(saved)
     print(f"[specbench] reading the tokenizer of {path.name}; once only", file=sys.stderr)

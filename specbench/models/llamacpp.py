@@ -81,13 +81,17 @@ def build_info() -> dict:
             "system_info": lib.llama_print_system_info().decode(errors="replace").strip()}
 
 
+def file_version(path: Path) -> str:
+    """A short key naming this version of a file (path, size, mtime): what the caches read from a file keyed by."""
+    stat = path.stat()
+    return hashlib.sha1(f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()[:16]
+
+
 def file_sha256(path: Path) -> str:
     """The file's sha256, cached beside other specbench caches by (path, size, mtime): hashing 1 GB takes seconds."""
     from .embedded import cache_root, sha256_of
 
-    stat = path.stat()
-    key = hashlib.sha1(f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()[:16]
-    memo = cache_root() / "sha256" / f"{key}.json"
+    memo = cache_root() / "sha256" / f"{file_version(path)}.json"
     if memo.exists():
         return json.loads(memo.read_text())["sha256"]
     digest = sha256_of(path)
