@@ -22,6 +22,8 @@ from .timing import Stopwatch
 
 TABLE_SIZES = (1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 24, 32)
 EXTRA_SIZES = (48, 64, 128, 256, 512)  # prefill-sized blocks, only to predict prefills
+MEASURED_UP_TO = 64  # run_bound measures every block size a run fed up to this (Ouroboros' draft feeds 25-50)
+ANCHORS = {1, 32, MEASURED_UP_TO}  # and these, to extrapolate prefills
 
 
 def measure_costs(model, prompt: list[int], sizes=TABLE_SIZES + EXTRA_SIZES, repeats: int = 3) -> dict[int, float]:
@@ -45,15 +47,23 @@ def measure_costs(model, prompt: list[int], sizes=TABLE_SIZES + EXTRA_SIZES, rep
 
 
 def interpolate(costs: dict[int, float], k: int) -> float:
-    """T(k) from the table: exact where measured, linear between measured sizes, extrapolated linearly past the
-    largest."""
+    """T(k) from the table: exact where measured, linear between measured sizes; past the largest size M, linear with
+    the slope between M and the measured size nearest M/2 (two neighbouring sizes, e.g. 31 and 32, are too close: the
+    noise of a shared machine gives their difference either sign), never below T(M)."""
     sizes = sorted(costs)
     if k in costs:
         return costs[k]
     i = bisect_left(sizes, k)
     if i == 0:
         return costs[sizes[0]]
-    lo, hi = (sizes[i - 1], sizes[i]) if i < len(sizes) else (sizes[-2], sizes[-1])
+    if i == len(sizes):
+        if len(sizes) == 1:
+            return costs[sizes[0]]
+        largest = sizes[-1]
+        half = min(sizes[:-1], key=lambda s: abs(s - largest / 2))
+        slope = max(0.0, (costs[largest] - costs[half]) / (largest - half))
+        return costs[largest] + slope * (k - largest)
+    lo, hi = sizes[i - 1], sizes[i]
     return costs[lo] + (costs[hi] - costs[lo]) * (k - lo) / (hi - lo)
 
 
@@ -82,19 +92,20 @@ def ratio_table(costs: dict[int, float]) -> dict[int, float]:
 
 def run_bound(pair, records: list[dict], baseline: list[dict], prompt: list[int], repeats: int = 3) -> dict | None:
     """The bound of one run (what ``python -m specbench`` prints beside the speed-up): T(k) measured now, after the
-    timed generations, on this pair and machine, for the block sizes the records fed (and 1, 24, 32 of each
-    model: prefills longer than 32 tokens are extrapolated linearly from T(24)..T(32), as llama.cpp's and torch's
-    compute-bound prefills scale); then ``bound`` over the method's records and their paired baseline records.
+    timed generations, on this pair and machine, for every block size up to 64 the records fed (and 1, 32, 64 of
+    each model: larger blocks, i.e. prefills, are extrapolated linearly from T(32)..T(64), as llama.cpp's and
+    torch's compute-bound prefills scale, which underestimates long prefills by ~10-15%: both sides of the ratio
+    have them); then ``bound`` over the method's records and their paired baseline records.
     None without a baseline or forward sizes (engine=vllm)."""
     from .metrics import matched_baseline
 
     base = matched_baseline(records, baseline) if baseline else []
     fed = {role: {k for r in records + base for k in (r.get("forward_sizes") or {}).get(role, [])
-                  if k <= TABLE_SIZES[-1]} for role in ("target", "draft")}
+                  if k <= MEASURED_UP_TO} for role in ("target", "draft")}
     if not base or not fed["target"]:
         return None
-    target = measure_costs(pair.lm("target"), prompt, sizes=sorted(fed["target"] | {1, 24, 32}), repeats=repeats)
-    draft = (measure_costs(pair.lm("draft"), prompt, sizes=sorted(fed["draft"] | {1, 24, 32}), repeats=repeats)
+    target = measure_costs(pair.lm("target"), prompt, sizes=sorted(fed["target"] | ANCHORS), repeats=repeats)
+    draft = (measure_costs(pair.lm("draft"), prompt, sizes=sorted(fed["draft"] | ANCHORS), repeats=repeats)
              if fed["draft"] and pair.draft is not None else None)
     limit = bound(records, base, target, draft)
     if limit is None:

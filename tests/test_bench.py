@@ -71,6 +71,16 @@ def test_bound_is_predicted_greedy_time_over_predicted_method_time():
     assert abs(costs.bound(spec, greedy, table, table) - expected) < 1e-12
 
 
+def test_extrapolation_past_the_table_uses_a_wide_span_not_the_last_two_sizes():
+    """Ouroboros' draft feeds 25-50 tokens; a table measured at 31 and 32 with noise (T(31) > T(32)) once
+    extrapolated T(47) below zero, which made the printed bound 0.52 where the forwards allowed 0.43."""
+    table = {1: 38.0, 24: 250.0, 31: 342.0, 32: 312.0}
+    slope = (312.0 - 250.0) / (32 - 24)  # 24 is the measured size nearest 32 / 2 = 16
+    assert costs.interpolate(table, 47) == 312.0 + 15 * slope
+    assert costs.interpolate({1: 10.0, 2: 30.0, 4: 20.0}, 8) == 20.0  # never below T(largest)
+    assert costs.interpolate({5: 7.0}, 9) == 7.0
+
+
 def test_bench_keys_default_to_the_old_options_and_paths():
     cfg = bench_config()
     assert list(cfg.datasets) == ["gsm8k", "humaneval"]

@@ -430,3 +430,25 @@ def test_published_rows_name_our_methods_so_ours_land_beside_them():
         names = {row["method.name"] for row in rows if "method.name" in row}
         unknown = names - known_methods() - PAPER_ONLY_METHODS
         assert not unknown, f"{path.name}: method.name {sorted(unknown)} is neither a conf/method config nor paper-only"
+
+
+def test_backends_experiment_puts_each_backend_beside_its_bound(tmp_path):
+    """+experiment=backends on the tiny GGUF pair (the same weights on transformers and on llama.cpp): one column
+    per backend, each method's speed-up beside the bound and efficiency its run measured (costs.run_bound)."""
+    pytest.importorskip("llama_cpp")
+    records = tmp_path / "records"
+    sweep = ["model=tiny_gguf", "data=gsm8k", "data.limit=1", "data.max_new_tokens=16", "method=greedy,speculative",
+             f"runner.records_dir={records}"]
+    run_cli("-m", "+experiment=backends", *sweep, records_dir=records, timeout=600)
+    result = render_experiment("backends", sweep, out=tmp_path / "reports")
+    cells = result["experiment"].cells
+    assert {c.value("model.backend") for c in cells} == {"transformers", "llamacpp"}
+    assert all(c.status == "ok" for c in cells), [c.status for c in cells]
+    markdown = result["markdown"]
+    assert "transformers" in markdown and "llama.cpp" in markdown
+    speculative = [c for c in cells if c.value("method.name") == "speculative"]
+    for cell in speculative:
+        bound = cell.summary["bound"]
+        assert bound["bound"] > 0 and bound["efficiency"] > 0 and bound["verify_ratio"]["k"] > 1
+    row = next(r for r in result["table"].rows if "Speculative" in r)
+    assert sum(bool(re.fullmatch(r"[\d.]+ \(k=\d+\)", c)) for c in row) == 2, markdown  # T(k)/T(1), each backend

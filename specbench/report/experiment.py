@@ -146,12 +146,14 @@ def load_cell(job: list[str], cfg: DictConfig, limit: int | None) -> Cell:
     return cell
 
 
-FACTS = ("engine", "device")  # how a run was measured, beyond its records: its *.summary.json (engine=vllm)
+# how a run was measured, beyond its records: its *.summary.json (engine=vllm's engine and device; the bound from
+# the forward costs measured after the run, with its efficiency and T(k)/T(1): costs.run_bound)
+FACTS = ("engine", "device", "bound")
 
 
 def measured_facts(spec: RunSpec) -> dict:
     """What the run's summary file says about how it was measured (the engine and its version, the device the
-    engine ran on); {} when there is none."""
+    engine ran on, the bound over all the run's prompts); {} when there is none."""
     try:
         saved = json.loads(spec.summary_path.read_text())
     except (OSError, json.JSONDecodeError):

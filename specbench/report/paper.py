@@ -68,7 +68,8 @@ def cell_entry(spec, cell: Cell, keys: list[str]) -> Entry:
         alpha=alpha_text(s.get("alpha")) or None,
         # engine=vllm (batches): throughput of whole batches and its paired speed-up (metrics.throughput_compare)
         batch_tok_per_s=s.get("batch_tok_per_s"), throughput_speedup=s.get("throughput_speedup"),
-        baseline_batch_tok_per_s=s.get("batch_tok_per_s") if own else s.get("baseline_batch_tok_per_s"))
+        baseline_batch_tok_per_s=s.get("batch_tok_per_s") if own else s.get("baseline_batch_tok_per_s"),
+        **bound_values(s.get("bound")))
     if s.get("speedup") is None and not own:
         entry.values["speedup"] = "no baseline"
     if repeats:
@@ -79,6 +80,15 @@ def cell_entry(spec, cell: Cell, keys: list[str]) -> Entry:
     if "speedup" in entry.intervals:  # a paired speed-up: its interval says more than a std over repeats
         entry.stds.pop("speedup", None)
     return entry
+
+
+def bound_values(bound: dict | None) -> dict:
+    """The run's bound, efficiency and T(k)/T(1) (its summary file's ``bound``: costs.run_bound), as table values."""
+    if not bound:
+        return {}
+    verify = bound.get("verify_ratio") or {}
+    return {"bound": bound.get("bound"), "efficiency": bound.get("efficiency"),
+            "verify_ratio": f"{verify['ratio']:.2f} (k={verify['k']})" if verify else None}
 
 
 def published_entries(spec, keys: list[str]) -> list[Entry]:

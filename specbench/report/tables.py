@@ -34,6 +34,9 @@ METRICS = {
     "mismatches": Metric("mismatches", spec="d", higher_is_better=False),
     "alpha": Metric("α_k"),
     "baseline_tok_per_s": Metric("greedy tok/s"),
+    "bound": Metric("bound", suffix="×"),          # the speed-up the forward costs allow (costs.run_bound)
+    "efficiency": Metric("efficiency"),            # speed-up / bound, both Σ/Σ over the run's prompts
+    "verify_ratio": Metric("T(k)/T(1)"),           # the largest verify block's cost over one token's
     "latency_speedup": Metric("latency speed-up", suffix="×"),        # per request, paired (= speedup)
     "baseline_batch_tok_per_s": Metric("greedy throughput (tok/s)"),   # engine=vllm: whole batches
     "batch_tok_per_s": Metric("throughput (tok/s)"),
