@@ -446,6 +446,7 @@ def test_backends_experiment_puts_each_backend_beside_its_bound(tmp_path):
     assert all(c.status == "ok" for c in cells), [c.status for c in cells]
     markdown = result["markdown"]
     assert "transformers" in markdown and "llama.cpp" in markdown
+    assert "ours: measured at commit " in markdown and "`python -m specbench.report experiment=backends " in markdown
     speculative = [c for c in cells if c.value("method.name") == "speculative"]
     for cell in speculative:
         bound = cell.summary["bound"]

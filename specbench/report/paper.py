@@ -149,6 +149,10 @@ def environment_notes(exp: Experiment) -> list[str]:
         if line not in seen:
             seen.add(line)
             notes.append(line)
+    commits = sorted({commit_text((r.get("env") or {}).get("git")) for c in exp.cells for r in c.records[:1]} - {None})
+    if commits:
+        notes.append("ours: measured at commit " + ", ".join(commits) + "; rendered by `python -m specbench.report "
+                     + " ".join([f"experiment={exp.name}", *exp.overrides]) + "`")
     counts = sorted({(c.summary.get("prompts"), c.summary.get("repeats")) for c in exp.cells if c.status == "ok"})
     if counts:
         notes.append("ours: " + "; ".join(f"{p} prompt(s) × {k} repeat(s)" for p, k in counts) + " per cell"
@@ -172,6 +176,13 @@ def environment_notes(exp: Experiment) -> list[str]:
         notes.append("warning: these runs were measured at the same time on one machine (a parallel launcher), so "
                      "their timings disturb each other: " + ", ".join(overlap))
     return notes
+
+
+def commit_text(git: dict | None) -> str | None:
+    """A record's specbench commit as a report names it: 7 hex digits, '+ local changes' when the tree was dirty."""
+    if not git or not git.get("commit"):
+        return None
+    return str(git["commit"])[:7] + (" + local changes" if git.get("dirty") else "")
 
 
 def baseline_gap_hours(cell: Cell) -> float:
