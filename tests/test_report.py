@@ -220,7 +220,7 @@ def test_report_command_line_keeps_the_sweeps_overrides_as_written():
 
 
 @pytest.mark.parametrize("args, message", [
-    ([], "experiment=<name> is required; available: ['disco_table1'"),
+    ([], "experiment=<name> is required; available: ['backends', 'disco_table1'"),
     (["experiment=ouroboros_tabel2"], "Could not find 'experiment/ouroboros_tabel2'; Available options in 'experim"),
     (["experiment=ouroboros_table2", "data.limit=0"], "data.limit: must be a positive integer or null, got 0"),
     (["experiment=ouroboros_table2", "method=nosuch"], "Could not find 'method/nosuch'; Available options in 'method'"),
