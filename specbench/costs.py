@@ -10,12 +10,14 @@ generation time predicted from the cost table is Σ T_model(k) over its forwards
 method would have if nothing but forwards cost time. For speculative decoding with γ draft tokens this
 is τ·T(1) / (T(γ+1) + γ·T_draft(1)) per step, the usual formula. efficiency = measured speed-up / bound, both
 as Σ over Σ on the same paired prompts: what the method's own loop (sampling, cache bookkeeping, Python) leaves
-of the bound. Prefill-sized blocks (> 32 tokens) are timed keeping one row of logits, as prefills do.
+of the bound. Each forward costs what its rows of logits cost too (``ForwardCosts``): a prefill keeps one row, a
+verify block all of them.
 """
 from __future__ import annotations
 
 import statistics
 from bisect import bisect_left
+from dataclasses import dataclass
 
 from .decoding.cached_lm import CachedLM
 from .timing import Stopwatch
@@ -26,24 +28,60 @@ MEASURED_UP_TO = 64  # run_bound measures every block size a run fed up to this 
 ANCHORS = {1, 32, MEASURED_UP_TO}  # and these, to extrapolate prefills
 
 
-def measure_costs(model, prompt: list[int], sizes=TABLE_SIZES + EXTRA_SIZES, repeats: int = 3) -> dict[int, float]:
-    """ms per forward of k tokens after ``prompt``, the cache cropped back to the prompt after each: the median
-    of ``repeats`` passes over all sizes (after one warm pass), sizes interleaved within a pass so that a load
-    change on the machine hits every size alike instead of skewing the ratio T(k)/T(1).
-
-    model: a transformers model (eager forwards), or a CachedLM of the execution mode to measure (``pair.lm``:
-    static-cache forwards padded to buckets, CUDA graphs)."""
-    lm = model if hasattr(model, "crop") else CachedLM(model)
+def time_blocks(lm, prompt: list[int], blocks: list[tuple[int, int]], repeats: int = 3) -> dict[tuple, float]:
+    """ms per forward of each (k tokens, rows of logits kept) block after ``prompt``, the cache cropped back to the
+    prompt after each: the median of ``repeats`` passes over all blocks (after one warm pass), blocks interleaved
+    within a pass so that a load change on the machine hits every block alike instead of skewing their ratios."""
     watch = Stopwatch(lm.device)
     lm.forward(prompt, keep_last=1)
-    times: dict[int, list[float]] = {k: [] for k in sizes}
+    times: dict[tuple, list[float]] = {b: [] for b in blocks}
     for _ in range(repeats + 1):
-        for k in sizes:
+        for k, rows in blocks:
             watch.start()
-            lm.forward((prompt * (k // len(prompt) + 1))[-k:], keep_last=k if k <= max(TABLE_SIZES) else 1)
-            times[k].append(watch.stop())
+            lm.forward((prompt * (k // len(prompt) + 1))[-k:], keep_last=rows)
+            times[(k, rows)].append(watch.stop())
             lm.crop(len(prompt))
-    return {k: 1000 * statistics.median(t[1:]) for k, t in times.items()}
+    return {b: 1000 * statistics.median(t[1:]) for b, t in times.items()}
+
+
+def as_lm(model):
+    """model: a transformers model (eager forwards), or a CachedLM of the execution mode to measure (``pair.lm``:
+    static-cache forwards padded to buckets, CUDA graphs, llama.cpp)."""
+    return model if hasattr(model, "crop") else CachedLM(model)
+
+
+def measure_costs(model, prompt: list[int], sizes=TABLE_SIZES + EXTRA_SIZES, repeats: int = 3) -> dict[int, float]:
+    """T(k): ms per forward of k tokens after ``prompt`` (``time_blocks``), keeping logits of all k rows up to
+    32 tokens (a verify block) and one row past that (a prefill)."""
+    blocks = [(k, k if k <= max(TABLE_SIZES) else 1) for k in sizes]
+    return {k: ms for (k, _), ms in time_blocks(as_lm(model), prompt, blocks, repeats).items()}
+
+
+@dataclass
+class ForwardCosts:
+    """One model's forward costs as a run's bound reads them: ``ms[k]`` one forward of k tokens keeping ONE row of
+    logits, ``row_ms`` each further row kept (the lm head over a vocabulary of ~150k is ~15% of a 1.5B model's
+    per-token cost and ~25% of a 0.5B one's, so a 40-token draft block with all rows and a 40-token prefill with one
+    differ by that much). T(k, rows) = T(k) + (rows - 1) * row_ms: the head's cost is linear in its rows."""
+
+    ms: dict[int, float]
+    row_ms: float = 0.0
+
+    def at(self, k: int, rows: int | None = None) -> float:
+        """ms of a forward of k tokens keeping ``rows`` rows of logits (None: all k)."""
+        return interpolate(self.ms, k) + ((k if rows is None else rows) - 1) * self.row_ms
+
+    def as_record(self) -> dict:
+        return {"one_row_ms": self.ms, "row_ms": self.row_ms}
+
+
+def measure_forward_costs(model, prompt: list[int], sizes, repeats: int = 3, probe: int = 32) -> ForwardCosts:
+    """``ForwardCosts`` of one model: every size keeping one row, and a ``probe``-token block keeping all its rows
+    too, timed interleaved with them; row_ms = (T(probe, all) - T(probe, one)) / (probe - 1), at least 0."""
+    blocks = [(k, 1) for k in sorted(set(sizes) | {probe})] + [(probe, probe)]
+    ms = time_blocks(as_lm(model), prompt, blocks, repeats)
+    row_ms = max(0.0, (ms[(probe, probe)] - ms[(probe, 1)]) / (probe - 1))
+    return ForwardCosts({k: v for (k, rows), v in ms.items() if rows == 1}, row_ms)
 
 
 def interpolate(costs: dict[int, float], k: int) -> float:
@@ -67,14 +105,22 @@ def interpolate(costs: dict[int, float], k: int) -> float:
     return costs[lo] + (costs[hi] - costs[lo]) * (k - lo) / (hi - lo)
 
 
-def predicted_ms(records: list[dict], target_costs: dict[int, float], draft_costs: dict[int, float] | None) -> float:
-    """Σ over the records' forwards of T(tokens fed) for the model that ran them."""
+def predicted_ms(records: list[dict], target_costs, draft_costs) -> float:
+    """Σ over the records' forwards of T(tokens fed) for the model that ran them. costs: a ``ForwardCosts`` (the
+    rows of logits each forward kept, ``forward_rows``, priced; all rows where a record does not say) or a plain
+    table {k: ms} from ``measure_costs``."""
     total = 0.0
     for r in records:
-        sizes = r.get("forward_sizes") or {}
-        total += sum(interpolate(target_costs, k) for k in sizes.get("target", []))
-        if draft_costs:
-            total += sum(interpolate(draft_costs, k) for k in sizes.get("draft", []))
+        sizes, rows = r.get("forward_sizes") or {}, r.get("forward_rows") or {}
+        for role, costs in (("target", target_costs), ("draft", draft_costs)):
+            if not costs:
+                continue
+            fed = sizes.get(role, [])
+            if isinstance(costs, ForwardCosts):
+                kept = rows.get(role) or [None] * len(fed)
+                total += sum(costs.at(k, n) for k, n in zip(fed, kept))
+            else:
+                total += sum(interpolate(costs, k) for k in fed)
     return total
 
 
@@ -91,11 +137,12 @@ def ratio_table(costs: dict[int, float]) -> dict[int, float]:
 
 
 def run_bound(pair, records: list[dict], baseline: list[dict], prompt: list[int], repeats: int = 3) -> dict | None:
-    """The bound of one run (what ``python -m specbench`` prints beside the speed-up): T(k) measured now, after the
-    timed generations, on this pair and machine, for every block size up to 64 the records fed (and 1, 32, 64 of
-    each model: larger blocks, i.e. prefills, are extrapolated linearly from T(32)..T(64), as llama.cpp's and
-    torch's compute-bound prefills scale, which underestimates long prefills by ~10-15%: both sides of the ratio
-    have them); then ``bound`` over the method's records and their paired baseline records.
+    """The bound of one run (what ``python -m specbench`` prints beside the speed-up): forward costs measured now,
+    after the timed generations, on this pair and machine (``measure_forward_costs``): every block size up to 64
+    the records fed, and 1, 32, 64 of each model; larger blocks, i.e. prefills, are extrapolated linearly from
+    T(32)..T(64), as llama.cpp's and torch's compute-bound prefills scale, which underestimates long prefills by
+    ~10-15%: both sides of the ratio have them. Each forward is priced with the rows of logits it kept. Then
+    ``bound`` over the method's records and their paired baseline records.
     None without a baseline or forward sizes (engine=vllm)."""
     from .metrics import matched_baseline
 
@@ -104,12 +151,14 @@ def run_bound(pair, records: list[dict], baseline: list[dict], prompt: list[int]
                   if k <= MEASURED_UP_TO} for role in ("target", "draft")}
     if not base or not fed["target"]:
         return None
-    target = measure_costs(pair.lm("target"), prompt, sizes=sorted(fed["target"] | ANCHORS), repeats=repeats)
-    draft = (measure_costs(pair.lm("draft"), prompt, sizes=sorted(fed["draft"] | ANCHORS), repeats=repeats)
+    target = measure_forward_costs(pair.lm("target"), prompt, fed["target"] | ANCHORS, repeats=repeats)
+    draft = (measure_forward_costs(pair.lm("draft"), prompt, fed["draft"] | ANCHORS, repeats=repeats)
              if fed["draft"] and pair.draft is not None else None)
     limit = bound(records, base, target, draft)
     if limit is None:
         return None
     verify = max((k for k in fed["target"] if k > 1), default=None)  # the largest verify block, for T(k)/T(1)
-    return {"bound": limit, "target_ms": target, "draft_ms": draft, "prompt_tokens": len(prompt),
-            "verify_ratio": {"k": verify, "ratio": target[verify] / target[1]} if verify else None}
+    return {"bound": limit, "target_ms": target.ms, "target_row_ms": target.row_ms,
+            "draft_ms": draft.ms if draft else None, "draft_row_ms": draft.row_ms if draft else None,
+            "prompt_tokens": len(prompt),
+            "verify_ratio": {"k": verify, "ratio": target.at(verify) / target.at(1)} if verify else None}

@@ -303,6 +303,7 @@ class Runner:
             "proposed": gen.proposed,  # per step: the proposal's depth (metrics.acceptance_by_position)
             "accepted_steps": gen.accepted_steps,  # per step: of those, draft tokens accepted and kept
             "forward_sizes": gen.forward_sizes,
+            "forward_rows": gen.forward_rows,  # rows of logits per forward (what the lm head cost): costs.py
             "extra": gen.extra,
         }
 
@@ -383,6 +384,8 @@ def combine_turns(turns: list[dict]) -> dict:
         accepted_steps=[n for t in turns for n in t.get("accepted_steps") or []],
         forward_sizes={model: [k for t in turns for k in t["forward_sizes"].get(model, [])]
                        for model in ("target", "draft")},
+        forward_rows={model: [r for t in turns for r in t["forward_rows"][model]] for model in ("target", "draft")
+                      if all(model in (t.get("forward_rows") or {}) for t in turns)},
         extra={},
     )
     return combined

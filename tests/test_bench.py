@@ -81,6 +81,52 @@ def test_extrapolation_past_the_table_uses_a_wide_span_not_the_last_two_sizes():
     assert costs.interpolate({5: 7.0}, 9) == 7.0
 
 
+def test_each_forward_is_priced_with_the_rows_of_logits_it_kept():
+    """A prefill keeps one row of logits, a verify block all of them: ForwardCosts prices the difference
+    (Ouroboros' 40-token draft blocks keep every row; timed keeping one they looked ~25% too cheap)."""
+    table = costs.ForwardCosts({1: 10.0, 8: 20.0}, row_ms=0.5)
+    assert table.at(8, 1) == 20.0 and table.at(8) == table.at(8, 8) == 20.0 + 7 * 0.5 and table.at(1) == 10.0
+    kept = [{"forward_sizes": {"target": [8, 8]}, "forward_rows": {"target": [1, 8]}}]
+    assert costs.predicted_ms(kept, table, None) == 20.0 + 23.5
+    unknown = [{"forward_sizes": {"target": [8, 8]}}]  # rows not recorded (hf_assisted): all rows
+    assert costs.predicted_ms(unknown, table, None) == 2 * 23.5
+
+
+def test_cached_lms_record_the_rows_of_logits_each_forward_computed(tiny_llama):
+    from specbench.decoding.cached_lm import CachedLM
+    from specbench.methods.greedy import Greedy
+
+    lm = CachedLM(tiny_llama.target)
+    lm.forward([5, 6, 7, 8], keep_last=1)
+    lm.forward([9, 10, 11], parents=[-1, 0, 0], keep_last=2)
+    lm.forward([12])
+    assert lm.sizes == [4, 3, 1] and lm.rows == [1, 2, 1]
+    gen = Greedy(tiny_llama, "greedy").generate([5, 6, 7, 8], 5, set())
+    assert gen.forward_rows["target"] == [1] * gen.target_forwards
+
+
+def test_measured_row_cost_is_the_difference_of_all_rows_and_one():
+    class Clock:  # a fake model: 1 ms per token fed, 0.25 ms per row of logits kept
+        device, length, now = None, 0, 0.0
+
+        def forward(self, ids, keep_last=None):
+            Clock.now += len(ids) + 0.25 * (keep_last or len(ids))
+            self.length += len(ids)
+
+        def crop(self, n):
+            self.length = n
+
+    import specbench.costs as module
+    real = module.Stopwatch
+    module.Stopwatch = lambda device: type("W", (), {"start": lambda s: setattr(s, "t", Clock.now),
+                                                     "stop": lambda s: (Clock.now - s.t) / 1000})()
+    try:
+        measured = costs.measure_forward_costs(Clock(), [1, 2, 3], sizes={1, 4}, repeats=1, probe=8)
+    finally:
+        module.Stopwatch = real
+    assert measured.ms == {1: 1.25, 4: 4.25, 8: 8.25} and measured.row_ms == 0.25
+
+
 def test_bench_keys_default_to_the_old_options_and_paths():
     cfg = bench_config()
     assert list(cfg.datasets) == ["gsm8k", "humaneval"]

@@ -167,13 +167,15 @@ def test_most_outputs_are_identical_not_near_ties():
 
 
 def test_the_loop_counts_the_same_forwards_on_both_backends():
-    """Same weights, same proposals: the same target forwards and accepted tokens wherever the outputs agree."""
+    """Same weights, same proposals: the same target forwards, rows of logits and accepted tokens wherever the
+    outputs agree."""
     prompt = [5, 9, 13, 40, 41]
     for name in ("speculative", "lookahead", "specinfer"):
         gens = [methods(pair_for(backend=b), 3)[name].generate(prompt, 20, set()) for b in ("llamacpp", "transformers")]
         if gens[0].tokens == gens[1].tokens:
             assert gens[0].target_forwards == gens[1].target_forwards, name
             assert gens[0].accept_lengths == gens[1].accept_lengths, name
+            assert gens[0].forward_rows == gens[1].forward_rows, name  # the bound prices the rows of logits
 
 
 # -- through the CLI: records, errors -------------------------------------------------------------------------------

@@ -28,6 +28,7 @@ class CachedLM:
         self.cache = None
         self.cache_arg = cache_argument(model)  # what this transformers version calls the cache argument
         self.sizes: list[int] = []  # tokens fed per model call since reset(), in order
+        self.rows: list[int] = []  # rows of logits each call computed (keep_last), in order
 
     @property
     def forwards(self) -> int:
@@ -36,7 +37,7 @@ class CachedLM:
 
     def reset(self) -> None:
         self.cache = None
-        self.sizes = []
+        self.sizes, self.rows = [], []
 
     @property
     def length(self) -> int:
@@ -70,6 +71,7 @@ class CachedLM:
                                                                             cached_parents)
         logits = self._run(input_ids, kwargs)
         self.sizes.append(len(ids))
+        self.rows.append(min(keep_last or len(ids), len(ids)))
         return fit_vocabulary(logits[0].float(), self.vocab)
 
     def _run(self, input_ids: torch.Tensor, kwargs: dict) -> torch.Tensor:

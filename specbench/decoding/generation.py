@@ -19,6 +19,7 @@ class Generation:
     accepted_steps: list[int] = field(default_factory=list)  # per step: of those, accepted and kept (α_k reads both)
     extra: dict = field(default_factory=dict)  # method-specific raw counters
     forward_sizes: dict = field(default_factory=dict)  # {"target": [tokens fed per call], "draft": [...]}
+    forward_rows: dict = field(default_factory=dict)  # {"target": [rows of logits per call], ...} where known
 
     def add_step(self, out: list[int], emitted: list[int], accepted: int, max_new_tokens: int,
                  eos_ids: set[int], proposed: int | None = None) -> None:
@@ -49,10 +50,16 @@ class Generation:
         """Forward counts and the tokens fed per forward (the cost model of ``make bench`` reads these),
         from the CachedLMs (or anything with ``sizes``) the method drove."""
         self.target_forwards = len(target.sizes)
-        self.forward_sizes = {"target": list(target.sizes)}
+        self.forward_sizes, self.forward_rows = {}, {}
+        for role, lm in (("target", target), ("draft", draft)):
+            if lm is None:
+                continue
+            self.forward_sizes[role] = list(lm.sizes)
+            rows = list(getattr(lm, "rows", ()))
+            if len(rows) == len(lm.sizes):  # hf_assisted's hooks see sizes only
+                self.forward_rows[role] = rows
         if draft is not None:
             self.draft_forwards = len(draft.sizes)
-            self.forward_sizes["draft"] = list(draft.sizes)
 
 
 def finalize_tokens(tokens: Iterable[int], max_new_tokens: int, eos_ids: set[int]) -> list[int]:

@@ -43,7 +43,8 @@ class LlamaCppLM:
     def __init__(self, context, vocab: int | None = None):
         self.context = context
         self.vocab = vocab
-        self.sizes: list[int] = []
+        self.sizes: list[int] = []  # tokens fed per decode, and rows of logits each asked for
+        self.rows: list[int] = []
         self.committed = 0
         self.nodes: list[TreeNode] = []
         self.free = list(range(context_sequences(context) - 1, COMMITTED, -1))  # a stack of unused ids
@@ -59,7 +60,7 @@ class LlamaCppLM:
 
     def reset(self) -> None:
         self.context.claim(self)
-        self.sizes, self.committed, self.nodes = [], 0, []
+        self.sizes, self.rows, self.committed, self.nodes = [], [], 0, []
         self.free = list(range(context_sequences(self.context) - 1, COMMITTED, -1))
 
     def _check_owner(self) -> None:
@@ -85,6 +86,7 @@ class LlamaCppLM:
         else:
             logits = self._forward_tree(list(ids), list(parents), list(cached_parents), output_from)
         self.sizes.append(n)
+        self.rows.append(n - output_from)
         return fit_vocabulary(logits, self.vocab)
 
     def _forward_tree(self, ids: list[int], parents: list[int], cached_parents: list[int],

@@ -239,7 +239,8 @@ class StaticLM:
         self.device = static.device
         self.session = static.open()
         self.length = 0
-        self.sizes: list[int] = []
+        self.sizes: list[int] = []  # tokens fed per call, and rows of logits each computed (keep_last)
+        self.rows: list[int] = []
         self.hidden: torch.Tensor | None = None
 
     @property
@@ -248,7 +249,7 @@ class StaticLM:
 
     def reset(self) -> None:
         self.session = self.static.open()
-        self.length, self.sizes, self.hidden = 0, [], None
+        self.length, self.sizes, self.rows, self.hidden = 0, [], [], None
 
     def _check(self) -> None:
         if self.session != self.static.session:
@@ -273,6 +274,7 @@ class StaticLM:
         hidden = self.static.forward(ids, positions, past, prefix, local)  # (n, H)
         self.length = past + n
         self.sizes.append(n)
+        self.rows.append(min(keep_last or n, n))
         if self.keeps_features:
             self.hidden = hidden
         rows = hidden if keep_last is None else hidden[n - keep_last:]
