@@ -222,8 +222,11 @@ def run(cfg: DictConfig) -> dict:
     for mode, mode_pair in pairs.items():
         if mode_pair.sized_to_the_run:  # room for the largest block the cost table feeds (no regrowth mid-table)
             mode_pair.reserve(len(first_prompt) + max(cost_model.TABLE_SIZES + cost_model.EXTRA_SIZES))
-        target_costs = cost_model.measure_costs(mode_pair.lm("target"), first_prompt, repeats=cfg.cost_repeats)
-        draft_costs = (cost_model.measure_costs(mode_pair.lm("draft"), first_prompt, repeats=cfg.cost_repeats)
+        sizes = cost_model.TABLE_SIZES + cost_model.EXTRA_SIZES  # each forward priced with its rows of logits
+        target_costs = cost_model.measure_forward_costs(mode_pair.lm("target"), first_prompt, sizes,
+                                                        repeats=cfg.cost_repeats)
+        draft_costs = (cost_model.measure_forward_costs(mode_pair.lm("draft"), first_prompt, sizes,
+                                                        repeats=cfg.cost_repeats)
                        if mode_pair.draft is not None else None)
         print(f"{mode}: " + (f"llama.cpp {mode_pair.info['backend']['llama_cpp_python']}, "
                               f"{mode_pair.info['gguf']['quantization']}" if mode_pair.backend == "llamacpp"
@@ -232,7 +235,7 @@ def run(cfg: DictConfig) -> dict:
         mine = [n for n in names if n == FP32_GREEDY and mode_pair is pair or n != FP32_GREEDY and (
             len(pairs) == 1 or n.endswith(f"@{mode}"))]
         efficiency.update(efficiency_rows(records, mine, summaries, target_costs, draft_costs, baseline_of))
-        forward_ms[mode] = {"target": target_costs, "draft": draft_costs}
+        forward_ms[mode] = {"target": target_costs.as_record(), "draft": draft_costs and draft_costs.as_record()}
     native = {}
     for mode, mode_pair in pairs.items():  # our greedy loop on llama.cpp against llama.cpp's own (in C)
         if mode_pair.backend == "llamacpp":
@@ -294,14 +297,15 @@ def fmt_ci(ci) -> str:
     return f"[{ci[0]:.3f}, {ci[1]:.3f}]" if ci else ""
 
 
-def print_cost_table(target_costs: dict, draft_costs: dict | None) -> None:
-    sizes = [k for k in cost_model.TABLE_SIZES if k in target_costs]
-    print("forward cost after the first prompt (median ms; T(k)/T(1) below)")
-    print("k          " + " ".join(f"{k:>6}" for k in sizes))
-    for label, table in (("target", target_costs), ("draft", draft_costs)):
-        if table:
-            print(f"{label:<6} ms  " + " ".join(f"{table[k]:6.1f}" for k in sizes))
-            print(f"{label:<6} x   " + " ".join(f"{v:6.2f}" for v in cost_model.ratio_table(table).values()))
+def print_cost_table(target_costs, draft_costs) -> None:
+    """T(k) of a verify block (all k rows of logits: ForwardCosts.at) over the table sizes, and T(k)/T(1)."""
+    print("forward cost after the first prompt (median ms, all rows of logits; T(k)/T(1) below)")
+    print("k          " + " ".join(f"{k:>6}" for k in cost_model.TABLE_SIZES))
+    for label, costs in (("target", target_costs), ("draft", draft_costs)):
+        if costs:
+            table = cost_model.verify_table(costs)
+            print(f"{label:<6} ms  " + " ".join(f"{v:6.1f}" for v in table.values()))
+            print(f"{label:<6} x   " + " ".join(f"{v / table[1]:6.2f}" for v in table.values()))
 
 
 def efficiency_rows(records, names, summaries, target_costs, draft_costs, baseline_of: dict | None = None) -> dict:
