@@ -28,7 +28,7 @@ def interrupted(cfg: DictConfig | None) -> None:
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
 def main(cfg: DictConfig) -> float | None:
     """One benchmark. Returns ``summary[cfg.objective]`` (tok/s by default) for optimising sweepers."""
-    from .app import run  # imported here so `--help` and config errors stay fast
+    from .benchmark import run  # imported here so `--help` and config errors stay fast
 
     try:
         pipeline = OmegaConf.select(cfg, "experiment.pipeline")

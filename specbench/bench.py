@@ -25,7 +25,7 @@ from hydra import compose
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from . import costs as cost_model
-from .app import build
+from .components import build
 from .cli import run_app
 from .environment import available_cores, environment
 from .errors import ConfigError, require, require_count

@@ -1,6 +1,6 @@
 """The whole composed config checked before anything loads: every bad key or value is a ConfigError naming it.
 
-Two passes, both before a model pair is built (``app.run`` calls them):
+Two passes, both before a model pair is built (``benchmark.run`` calls them):
 
 ``check_settings(cfg)`` — the run's own settings: the top-level keys, ``runner`` against ``RunnerConfig``
 (a typed dataclass), and that ``runner.records_dir`` is a directory this process can write.
@@ -75,7 +75,7 @@ TOP_LEVEL = {"model": "target", "data": "target", "method": "target", "baseline"
              "hydra": dict}       # present only when composed with return_hydra_config
 REQUIRED = ("model", "data", "method", "baseline", "sampling", "runner")
 HYDRA_KEYS = {"_target_", "_partial_", "_convert_", "_recursive_", "_args_"}
-# Arguments app.build passes to a method at run time: never keys of the method's config.
+# Arguments components.build passes to a method at run time: never keys of the method's config.
 METHOD_RUNTIME = {"pair": "the model pair is chosen with model=<pair>",
                   **{k: f"set by sampling.{k}" for k in ("temperature", "top_p", "seed")}}
 
@@ -254,10 +254,10 @@ def parameters(target) -> dict[str, Param]:
 def construct(node: DictConfig, key: str, **kwargs):
     """Build ``node`` once so the constructor's own checks run now, and return it; a constructor that needs the
     loaded model (ModelNotLoaded) is left to check itself when the real one is built (None)."""
-    from .app import build  # app imports this module
+    from . import components  # components imports runner, which imports what imports this module
 
     try:
-        return build(node, key, **kwargs)
+        return components.build(node, key, **kwargs)
     except ModelNotLoaded:  # raised by the constructor itself (build calls it outside Hydra)
         return None
     except ConfigError as exc:  # or wrapped by Hydra, when a nested node's constructor raised it

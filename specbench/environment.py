@@ -1,4 +1,5 @@
-"""The environment every record carries (README, *Where results go*): code version, packages, threads, device."""
+"""The environment every record carries (docs/design.md, *Where results go*): code version, packages, threads,
+device."""
 from __future__ import annotations
 
 import os

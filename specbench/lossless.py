@@ -1,4 +1,4 @@
-"""Is a divergence from greedy a bug, or rounding at a near-tie? (README, *Identical to greedy: near-ties and
+"""Is a divergence from greedy a bug, or rounding at a near-tie? (docs/design.md, *Identical to greedy: near-ties and
 mismatches*)
 
 In bf16/fp16 a k-token forward and k one-token forwards sum in different orders, so their logits differ

@@ -6,7 +6,7 @@ between the turns of one conversation. A multi-turn example (MT-Bench) generates
 prompt holding the earlier answers; its record sums time and counters over turns and keeps each turn in
 ``turns``.
 
-Pairing (README, *Speed-up: paired, interleaved baselines*). On a shared machine the load drifts over
+Pairing (docs/design.md, *Speed-up: paired, interleaved baselines*). On a shared machine the load drifts over
 minutes, so a baseline timed minutes apart from the method measures the load, not the method. ``run`` takes
 several entries: the first is the baseline, and each (prompt, repeat) is one **round** in which the baseline
 and every entry still missing that record are timed back to back, in the same process on the same loaded

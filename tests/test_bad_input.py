@@ -15,7 +15,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from specbench import app, records
+from specbench import benchmark, components, records
 from specbench.config_check import ConfigOnlyPair, check_components, check_settings, construct
 from specbench.config_types import Range, problem
 from specbench.errors import ConfigError, StorageError, require_count
@@ -33,14 +33,14 @@ def composed(*overrides):
 
 @pytest.fixture
 def no_model_load(monkeypatch):
-    """app.build refuses to build the model pair: a test passing through here proves nothing loaded first."""
-    real_build = app.build
+    """components.build refuses to build the model pair: a test passing through here proves nothing loaded first."""
+    real_build = components.build
 
     def guarded(node, key, **kwargs):
         assert key != "model", "the model pair was built before the config was checked"
         return real_build(node, key, **kwargs)
 
-    monkeypatch.setattr(app, "build", guarded)
+    monkeypatch.setattr(components, "build", guarded)
 
 
 BAD = {  # override(s) -> the start of the one-line error
@@ -96,7 +96,7 @@ def test_bad_values_are_one_line_naming_the_key_before_the_model_loads(overrides
     model = [] if any(o.startswith("model=") for o in overrides.split(" ")) else ["model=tiny_llama"]
     cfg = composed(*model, *overrides.split(" "), f"runner.records_dir={tmp_path / 'records'}", "data.limit=1")
     with pytest.raises(ConfigError) as caught:
-        app.run(cfg)
+        benchmark.run(cfg)
     message = str(caught.value)
     assert message.startswith(BAD[overrides]), message
     assert "\n" not in message
@@ -188,7 +188,7 @@ def test_records_dir_that_is_a_file_or_under_a_file_is_named(tmp_path, no_model_
     for where, said in ((afile, f"'{afile}' is a file, not a directory"),
                         (afile / "records", f"cannot write to '{afile / 'records'}' (Not a directory)")):
         with pytest.raises(ConfigError) as caught:
-            app.run(composed("model=tiny_llama", f"runner.records_dir={where}"))
+            benchmark.run(composed("model=tiny_llama", f"runner.records_dir={where}"))
         assert str(caught.value).startswith(f"runner.records_dir: {said}; pass runner.records_dir="), str(caught.value)
 
 
@@ -198,7 +198,7 @@ def test_records_dir_without_write_permission_is_named(tmp_path, monkeypatch, no
 
     monkeypatch.setattr("specbench.config_check.tempfile.mkstemp", refuse)  # as root, chmod would not stop a write
     with pytest.raises(ConfigError, match=r"^runner.records_dir: cannot write to .*\(Permission denied\)"):
-        app.run(composed("model=tiny_llama", f"runner.records_dir={tmp_path / 'records'}"))
+        benchmark.run(composed("model=tiny_llama", f"runner.records_dir={tmp_path / 'records'}"))
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root writes into a read-only directory anyway")

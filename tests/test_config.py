@@ -5,7 +5,7 @@ from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
-from specbench.app import build, needs_draft_model, spec_for
+from specbench.components import build, needs_draft_model, spec_for
 from specbench.config_check import check_components, check_settings
 from specbench.errors import ConfigError
 from specbench.heads.artifact import save_head

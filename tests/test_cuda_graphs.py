@@ -1,6 +1,6 @@
 """CUDA graphs for real (``model.execution: graphs``): runs only with SPECBENCH_TEST_DEVICE=cuda on a machine with a
-GPU (README, *Testing on a GPU*); skipped elsewhere, where test_static_execution.py checks the same logic with a
-stand-in capture. Tiny pairs, fp32 (exact equality) and bf16 (the CLI's losslessness classification)."""
+GPU (docs/testing.md, *Testing on a GPU*); skipped elsewhere, where test_static_execution.py checks the same logic
+with a stand-in capture. Tiny pairs, fp32 (exact equality) and bf16 (the CLI's losslessness classification)."""
 from __future__ import annotations
 
 import pytest

@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from specbench.app import build
+from specbench.components import build
 from specbench.errors import ConfigError
 from specbench.models.pair import plain_conversation
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
-from specbench import app
+from specbench import benchmark
 from specbench.decoding.cached_lm import FeatureLM
 from specbench.errors import ConfigError
 from specbench.heads.extract import (answer_eos, extract, generate_with_features, load_sequences,
@@ -309,7 +309,7 @@ def test_pipeline_end_to_end_then_griffin_decodes_with_the_trained_head(tmp_path
         run_cfg = compose(config_name="config", overrides=[
             "model=tiny_llama", f"model.device={TEST_DEVICE}", "method=griffin", f"paths.root={tmp_path / 'runs'}",
             "data=gsm8k", "data.limit=2", "data.max_new_tokens=12", "runner.warmup=0", "runner.progress=false"])
-    summary = app.run(run_cfg)
+    summary = benchmark.run(run_cfg)
     assert summary["identical"] == summary["compared"] == 2
     record = json.loads(next((tmp_path / "runs" / "records").rglob("*griffin*.jsonl")).read_text().splitlines()[0])
     assert record["config"]["method"]["head_sha256"] == meta["sha256"]

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from specbench.app import spec_for
+from specbench.components import spec_for
 from specbench.metrics import summarize
 from specbench.records import SCHEMA_VERSION, write_json
 from specbench.report.experiment import compose_config, hydra_context

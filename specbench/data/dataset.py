@@ -128,7 +128,8 @@ class PromptDataset:
             return template.format_map({**row, **extra})
         except (KeyError, IndexError) as exc:
             raise ConfigError(f"data.template: {exc} is not in the rows of '{self.name}'; fields: {sorted(row)}; "
-                              "a file in another layout needs its own data config (see README, Datasets)") from exc
+                              "a file in another layout needs its own data config "
+                              "(see docs/guides/add-a-dataset.md)") from exc
 
     def turns_of(self, row: dict) -> list[str]:
         if self.turns_field:

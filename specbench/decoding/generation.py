@@ -63,7 +63,7 @@ class Generation:
 
 
 def finalize_tokens(tokens: Iterable[int], max_new_tokens: int, eos_ids: set[int]) -> list[int]:
-    """Token accounting shared by all methods (README, *Methods*: the token-accounting rule).
+    """Token accounting shared by all methods (docs/design.md, *Token accounting and the counters*).
 
     Keep tokens up to and including the first EOS, then cap at max_new_tokens. Methods that
     overshoot (a bonus token after EOS, a draft past the budget) are truncated here.

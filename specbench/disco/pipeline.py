@@ -25,7 +25,7 @@ from pathlib import Path
 from hydra import compose
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from .. import app
+from .. import benchmark, components
 from ..errors import ConfigError, require
 from ..methods.disco import load_classifier, save_classifier
 from ..records import SCHEMA_VERSION, run_key, slug, write_json
@@ -81,11 +81,11 @@ class DiscoPipeline:
     @property
     def pair(self):
         if self._pair is None:
-            self._pair = app.build(self.run_config("test", "greedy").model, "model")
+            self._pair = components.build(self.run_config("test", "greedy").model, "model")
         return self._pair
 
     def dataset(self, split: str):
-        return app.build(self.run_config(split, "greedy").data, "data")
+        return components.build(self.run_config(split, "greedy").data, "data")
 
     def features_path(self, split: str) -> Path:
         cfg = self.run_config(split, "greedy")
@@ -143,8 +143,8 @@ class DiscoPipeline:
     def measure(self, split: str, method: str, settings: dict) -> tuple[dict, list[dict]]:
         """One ordinary benchmark run; returns its summary and this split's records."""
         cfg = self.run_config(split, method, settings)
-        summary = app.run(cfg, pair=self.pair)
-        records = app.spec_for(cfg, cfg.method).records_for(app.build(cfg.data, "data").examples())
+        summary = benchmark.run(cfg, pair=self.pair)
+        records = components.spec_for(cfg, cfg.method).records_for(components.build(cfg.data, "data").examples())
         return summary, records
 
     def candidates(self) -> dict[str, tuple[str, list[dict]]]:

@@ -1,9 +1,23 @@
 """``engine=hf``: our own decoding loops on transformers models (the methods under specbench/methods/)."""
 from __future__ import annotations
 
-from omegaconf import DictConfig
+import sys
 
+import torch
+from omegaconf import DictConfig, OmegaConf
+from transformers.utils import logging as transformers_logging
+
+from .. import components
+from ..components import check_resolution, needs_draft_model, pairing_mode, resolved_threads, spec_for
+from ..costs import run_bound
 from ..errors import require
+from ..heads.artifact import recorded_sha256
+from ..lossless import LosslessCheck
+from ..metrics import one_per_prompt
+from ..models.precision import precision_of_config
+from ..runner import Entry, Runner, RunSpec
+from ..scoring.sandbox import protect_path
+from ..summaries import finish
 
 
 class HfEngine:
@@ -29,6 +43,74 @@ class HfEngine:
         check_components(cfg, pair)
 
     def measure(self, cfg: DictConfig, spec, pair=None) -> dict:
-        from ..app import measure
-
         return measure(cfg, spec, pair)
+
+
+def measure(cfg: DictConfig, spec: RunSpec, pair=None) -> dict:
+    """One benchmark on our loops: load (unless ``pair`` is given), run the rounds, bound, summarise."""
+    threads = resolved_threads(cfg)
+    torch.set_num_threads(threads)
+    protect_path(cfg.runner.records_dir)  # sandboxed model-written code may not read the records
+    dataset = components.build(cfg.data, "data")
+    examples, warmup_example = dataset.examples(), dataset.warmup_example()
+    base_spec = spec_for(cfg, cfg.baseline)
+    check_resolution([spec, base_spec], examples, precision_of_config(cfg.model), threads)
+    if not cfg.runner.progress:
+        transformers_logging.disable_progress_bar()  # the weight-loading bars too
+    if pair is None:
+        pair = components.build(cfg.model, "model", **({} if needs_draft_model(cfg) else {"load_draft": False}))
+    sampling = OmegaConf.to_container(cfg.sampling, resolve=True)
+    tracker = components.build(cfg.logger, "logger") if cfg.get("logger") else None
+    config = OmegaConf.to_container(cfg, resolve=True)
+    head_sha256 = recorded_sha256(config["method"])
+    if head_sha256:  # every record names the trained head it drafted with
+        config["method"]["head_sha256"] = head_sha256
+    exact = sampling["temperature"] == 0
+    runner = Runner(pair, dataset.max_new_tokens, warmup=cfg.runner.warmup,
+                    warmup_max_new_tokens=cfg.runner.warmup_max_new_tokens, repeats=cfg.runner.repeats,
+                    seed=sampling["seed"], progress=cfg.runner.progress, config=config,
+                    scorer=dataset.scorer, chat=dataset.chat_template, threads=threads,
+                    lossless=LosslessCheck(pair, threads) if exact else None)
+    source = "runner.threads" if cfg.runner.threads else "the cores this process may use"
+    print(f"[specbench] threads: {threads} ({source}); pairing: {pairing_mode(cfg)}", file=sys.stderr)
+
+    # before any work: bad settings fail fast
+    method = Entry(components.build(cfg.method, "method", pair=pair, **sampling), spec)
+    is_baseline = base_spec.key == spec.key
+    if tracker is not None:
+        tracker.start(f"{spec.method}@{spec.pair}/{spec.data}", config)
+    baseline_records = None
+    if is_baseline:
+        runner.tracker = tracker
+        (records,) = runner.run([method], examples, warmup_example)
+    elif cfg.runner.baseline == "skip":
+        baseline_records = one_per_prompt(base_spec.records_for(examples)) or None
+        if baseline_records is None:
+            print(f"[specbench] no {cfg.baseline.name} baseline records for this pair/data/settings; speedup "
+                  "and identity need them: re-run with runner.baseline=auto", file=sys.stderr)
+        runner.tracker = tracker
+        (records,) = runner.run([method], examples, warmup_example, reference=baseline_records)
+    else:
+        baseline = Entry(components.build(cfg.baseline, "baseline", pair=pair, **sampling), base_spec)
+        if pairing_mode(cfg) == "interleaved":
+            runner.tracker = tracker
+            baseline_records, records = runner.run([baseline, method], examples, warmup_example)
+        else:
+            (baseline_records,) = runner.run([baseline], examples, warmup_example)
+            runner.tracker = tracker
+            (records,) = runner.run([method], examples, warmup_example, reference=baseline_records)
+
+    facts = {}
+    if cfg.runner.bound and baseline_records and not is_baseline:  # untimed: after every generation
+        prompt = runner.encode([{"role": "user", "content": examples[0].prompt}], False)
+        limit = run_bound(pair, records, baseline_records, prompt)
+        if limit is not None:
+            facts["bound"] = limit
+    if pair.execution.static:  # how the forwards ran, and the (untimed) capture work done for it
+        graphs, seconds = pair.captures
+        facts["execution"] = {**pair.execution.as_record(), "graphs_captured": graphs, "capture_s": seconds}
+        if pair.execution.graphs:
+            print(f"[specbench] CUDA graphs: {graphs} captured in {seconds:.1f} s, outside every timed region",
+                  file=sys.stderr)
+    return finish(cfg, spec, base_spec, records, baseline_records, tracker,
+                  precision=pair.precision.as_record(), dtype=pair.dtype, threads=threads, **facts)

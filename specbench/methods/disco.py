@@ -111,7 +111,7 @@ class DiscoSL(StaticSL):
         super().__init__(positive_int(sl_max, "method.policy.sl_max", "most draft tokens per step, SL_max"))
         require(classifier is not None, "method.policy.classifier",
                 "DISCO needs a trained classifier: set it to the classifier-<hash>.pt path that "
-                "`python -m specbench.disco` printed (see README, DISCO)")
+                "`python -m specbench.disco` printed (see docs/disco.md)")
         require(isinstance(threshold, (int, float)) and 0 <= threshold <= 1, "method.policy.threshold",
                 f"must be a probability τ in [0, 1], got {threshold!r}")
         self.classifier = classifier if isinstance(classifier, DiscoClassifier) else load_classifier(classifier)

@@ -10,8 +10,7 @@
 - ``auto``: graphs on CUDA, eager elsewhere.
 
 On a GPU an eager forward of a 7B model is launch-bound (20–28 ms where the weights take 4.6 ms to read on an
-H100), so eager timing measures kernel launches, not speculative decoding; graphs remove that (README, *GPU
-execution*).
+H100), so eager timing measures kernel launches, not speculative decoding; graphs remove that (docs/execution.md).
 
 ``model.attn_implementation: auto`` resolves to sdpa on CUDA (fused kernels; with eager attention a GPU forward is
 even more launch-bound) and to transformers' own default on a CPU (sdpa for the models here; the tiny test pairs

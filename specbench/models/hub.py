@@ -36,7 +36,7 @@ def load_hub_pair(name: str, target: str, draft: str | None, dtype: str = "auto"
                   backend: str = "transformers",
                   **_) -> ModelPair:
     """A pair loaded by hub id or local directory; load_draft=False leaves the draft unloaded (no method of the
-    run uses it: ``app.needs_draft_model``)."""
+    run uses it: ``components.needs_draft_model``)."""
     from transformers import AutoTokenizer
 
     placement = placement_device(device_map)

@@ -6,7 +6,7 @@ float32. The reason is part of the result, printed at start and stored in every 
 
 Why it matters: decoding is memory-bound, so halving the bytes per weight halves the time per token, and
 (more important for speculative decoding) on a CPU a k-token forward in fp32 costs several one-token
-forwards, while in bf16 with native dot products it costs little more than one (README, *Speed on a CPU*).
+forwards, while in bf16 with native dot products it costs little more than one (docs/cpu-speed.md).
 
 ``model.linear_kernel: auto`` picks oneDNN's prepacked-weight linear for bf16 on a CPU with native bf16
 (cpu_linear.py: 1.45x faster per token than stock bf16 here); torch's own kernels everywhere else (for

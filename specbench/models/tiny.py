@@ -77,7 +77,7 @@ def build_tiny_pair(name: str = "tiny-llama", arch: str = "llama", hidden_size: 
                     attn_implementation: str | None = "auto", backend: str = "transformers", **_) -> ModelPair:
     """lm_head_ties: [[a, b], ...] copies token a's output row onto token b's, so the two always tie exactly
     (a hand-made near-tie for testing the losslessness classification). load_draft=False: no draft (no method
-    of the run uses it; ``app.needs_draft_model``)."""
+    of the run uses it; ``components.needs_draft_model``)."""
     require(draft_noise >= 0, "model.draft_noise", f"must be >= 0, got {draft_noise}")
     resolve_backend(backend, device, gguf=False, pair=name)  # llamacpp: model=tiny_gguf has these weights as GGUF
     precision = resolve_precision(dtype, device, linear_kernel)

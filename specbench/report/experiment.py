@@ -18,7 +18,7 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf
 
-from ..app import spec_for
+from ..components import spec_for
 from ..errors import ConfigError
 from ..metrics import matched_baseline, mean_sl, one_per_prompt, rate, summarize
 from ..runner import RunSpec

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 
-from . import mean_percent, register
+from .registry import mean_percent, register
 from .sandbox import SandboxLimits, run_program
 
 FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[ \t]*\n(.*?)(?:```|\Z)", re.DOTALL)

@@ -1,6 +1,7 @@
 """Run model-written Python in a separate, limited process. Executing that code is a security boundary.
 
-Layers (each recorded in the result's ``isolation``; the README says what each stops):
+Layers (each recorded in the result's ``isolation``; docs/design.md, *Running model-written code*, says what each
+stops):
 - operating system (``sandbox_isolation.py``, where the kernel allows): new PID, mount and network
   namespaces; every mount read-only except the sandbox directory; the harness's directories hidden
   under empty tmpfs mounts; as root, user nobody;

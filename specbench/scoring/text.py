@@ -6,7 +6,7 @@ import statistics
 from decimal import Decimal, InvalidOperation
 from functools import lru_cache
 
-from . import mean_percent, register
+from .registry import mean_percent, register
 
 # A number as models and GSM8K write them: optional sign or currency, thousands commas, decimals.
 NUMBER = re.compile(r"[-−]?\s?\$?\s?\d[\d,]*(?:\.\d+)?")

@@ -1,0 +1,33 @@
+"""``run(cfg)``: one benchmark from a resolved config — check it, build the engine, measure (the engine loads, runs
+the rounds and summarises: engines/hf.py, engines/vllm_runner.py). ``python -m specbench`` and the DISCO and
+draft-head pipelines call it; the pieces it is made of are in components.py."""
+from __future__ import annotations
+
+import time
+
+from omegaconf import DictConfig
+
+from .components import engine_of, spec_for
+from .config_check import check_settings
+from .errors import ConfigError
+from .records import write_json
+
+
+def run(cfg: DictConfig, pair=None) -> dict:
+    """Run one benchmark; returns the summary of the measured method (with speedup vs its baseline).
+
+    pair: an already loaded ModelPair built from ``cfg.model`` (pipelines running many benchmarks on one
+    pair load it once); None loads it here.
+    """
+    check_settings(cfg)  # top-level keys, runner, engine's keys, a writable runner.records_dir
+    engine = engine_of(cfg)
+    spec = spec_for(cfg, cfg.method, engine)
+    try:
+        engine.check(cfg, pair)  # sampling and every _target_ node, before any model loads or engine starts
+        summary = engine.measure(cfg, spec, pair)
+    except ConfigError as exc:  # say why this cell of a sweep is empty (the report reads it)
+        write_json(spec.error_path, {"error": str(exc), "method": spec.method, "pair": spec.pair, "data": spec.data,
+                                     "timestamp": time.time()})
+        raise
+    spec.error_path.unlink(missing_ok=True)
+    return summary

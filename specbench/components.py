@@ -1,0 +1,120 @@
+"""A run's components from its resolved config, shared by every entry point (``python -m specbench``, the
+engines, bench, report, the DISCO and draft-head pipelines): ``build`` a config group's ``_target_``, the engine,
+the run's identity (``spec_for``), threads, and the checks that must pass before any model loads. It imports no
+engine and no entry point (tests/test_imports.py)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from hydra.errors import InstantiationException
+from hydra.utils import get_object, instantiate
+from omegaconf import DictConfig, OmegaConf
+
+from .environment import available_cores
+from .errors import ConfigError, require
+from .heads.artifact import recorded_sha256
+from .models.execution import model_identity
+from .records import SCHEMA_VERSION, run_key
+from .runner import RunSpec
+
+
+def build(node: DictConfig, key: str, **kwargs):
+    """hydra.utils.instantiate, with our ConfigErrors surfaced and a bad _target_ named by its key.
+
+    ``kwargs`` (live objects such as the model pair) are passed to the target as they are, not merged
+    into the config (Hydra would turn a dataclass into a config node).
+    """
+    require(isinstance(node, DictConfig) and "_target_" in node, key, "must be a config with a _target_")
+    try:
+        return instantiate(node, _convert_="all", _partial_=True)(**kwargs)
+    except InstantiationException as exc:
+        cause = exc.__cause__
+        while cause is not None and not isinstance(cause, ConfigError):
+            cause = cause.__cause__
+        if cause is not None:
+            raise cause from None
+        raise ConfigError(f"{key}._target_: cannot build {node.get('_target_')!r}: {exc}") from exc
+
+
+def spec_for(cfg: DictConfig, method_cfg: DictConfig, engine=None) -> RunSpec:
+    """Run identity: everything that makes numbers comparable (data.limit excluded: it only selects prompts).
+
+    The identity is the configuration as written (``model.dtype: auto``, ``runner.threads: null``), so the
+    same command names the same run on any machine and a report finds it anywhere; what those resolve to
+    on the machine that measured is in every record, and ``check_resolution`` refuses to add records to a
+    run measured with another resolution. A method's pairing mode is part of it (a run with
+    ``baseline=skip`` is timed alone, so it counts as separate): paired and separately timed records of a
+    method never mix in one run. The baseline's run has no pairing mode: its file holds its records timed
+    alone and one per round it was paired in (each labelled), and every mode reads the ones it needs.
+    """
+    data = OmegaConf.to_container(cfg.data, resolve=True)
+    data.pop("limit", None)
+    method = OmegaConf.to_container(method_cfg, resolve=True)
+    head_sha256 = recorded_sha256(method)  # a trained draft head's weights (method=eagle / griffin)
+    if head_sha256:
+        method["head_sha256"] = head_sha256
+    engine = engine or engine_of(cfg)
+    model = OmegaConf.to_container(cfg.model, resolve=True)
+    if getattr(engine, "name", "hf") != "hf":  # model.backend is how our own loops run; other engines load their own
+        model["backend"] = "transformers"
+    identity = {
+        "schema": SCHEMA_VERSION,
+        "model": model_identity(model),
+        "data": data,
+        "method": method,
+        "sampling": OmegaConf.to_container(cfg.sampling, resolve=True),
+        "threads": cfg.runner.threads,
+    }
+    if method != OmegaConf.to_container(cfg.baseline, resolve=True):
+        identity["pairing"] = pairing_mode(cfg)
+    engine_identity = engine.identity(cfg)
+    if engine_identity:  # engine=hf adds nothing: runs measured before engines existed keep their keys
+        identity.update(engine_identity)
+    return RunSpec(key=run_key(identity), method=method_cfg.name, pair=cfg.model.name, data=cfg.data.name,
+                   records_dir=Path(cfg.runner.records_dir))
+
+
+def pairing_mode(cfg: DictConfig) -> str:
+    """How a run's method is timed: ``interleaved`` with its baseline, or ``separate`` (also when the baseline is
+    skipped, since then nothing is timed beside it)."""
+    return "separate" if cfg.runner.baseline == "skip" else cfg.runner.pairing
+
+
+def resolved_threads(cfg: DictConfig) -> int:
+    """``runner.threads``, or (null) the cores this process may use (environment.available_cores)."""
+    return cfg.runner.threads or available_cores()
+
+
+def check_resolution(specs: list[RunSpec], examples, precision, threads: int) -> None:
+    """A run measured as bf16 with 2 threads on one machine must not be resumed as fp32 with 8 on another:
+    the records of these runs must have been measured with the dtype, linear kernel and threads this machine
+    resolves to now (checked before any model loads)."""
+    now = (precision.dtype, precision.linear_kernel, threads)
+    for spec in specs:
+        for record in spec.records_for(examples):
+            env = record.get("env") or {}
+            measured = env.get("precision") or {}
+            then = (measured.get("dtype", record.get("dtype")), measured.get("linear_kernel"), env.get("threads"))
+            if then != now:
+                raise ConfigError(
+                    f"runner.records_dir: {spec.store.path} holds records of this run measured as "
+                    f"{then[0]} / {then[1]} / {then[2]} threads, and this machine resolves the same settings to "
+                    f"{now[0]} / {now[1]} / {now[2]} threads (model.dtype={precision.requested}). Use another "
+                    "runner.records_dir, or set model.dtype, model.linear_kernel and runner.threads to what "
+                    "you mean explicitly.")
+
+
+def needs_draft_model(cfg: DictConfig) -> bool:
+    """Whether the measured method or its baseline drafts with the pair's draft model (``needs_draft`` of the
+    class a ``_target_`` names; a target that does not say is assumed to). When neither does, the pair loads
+    without it: feature-head, n-gram and greedy runs leave ~1 GB (embedded) to a 7B draft's weights unloaded.
+    Both targets resolve here: ``check_components`` has built each before any run reaches ``measure``."""
+    return any(getattr(get_object(node._target_), "needs_draft", True) for node in (cfg.method, cfg.baseline))
+
+
+def engine_of(cfg: DictConfig):
+    """The ``engine`` node built (a settings object: nothing starts); engine=hf when the config has none."""
+    node = cfg.get("engine")
+    if node is None:
+        node = OmegaConf.create({"_target_": "specbench.engines.hf.HfEngine"})
+    return build(node, "engine")

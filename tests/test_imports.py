@@ -1,0 +1,103 @@
+"""The package's import graph (every import statement, a function's lazy ones too, read from the source): no
+cycles, no module importing the command-line entry point, and the shared run components importing no engine."""
+import ast
+from pathlib import Path
+
+import specbench
+
+PACKAGE = Path(specbench.__file__).parent
+# The one cycle left, through lazy imports inside functions: the model pair, its backends and the llama.cpp cache.
+# Breaking it is part of the run-layer redesign (issue 35); this list may only shrink.
+KNOWN_CYCLES = [{"specbench.decoding.llamacpp_lm", "specbench.models.backend", "specbench.models.embedded",
+                 "specbench.models.execution", "specbench.models.gguf_pair", "specbench.models.llamacpp",
+                 "specbench.models.pair", "specbench.models.precision", "specbench.models.tiny",
+                 "specbench.models.tiny_gguf"}]
+
+
+def module_name(path: Path) -> str:
+    parts = ["specbench", *path.relative_to(PACKAGE).with_suffix("").parts]
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph() -> dict[str, set[str]]:
+    """module -> the package's modules it imports (``from . import x`` counts as importing the submodule x)."""
+    paths = {module_name(p): p for p in PACKAGE.rglob("*.py")}
+    graph = {}
+    for name, path in paths.items():
+        package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                found.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                base = ".".join(package[:len(package) - node.level + 1] + [node.module] if node.module else
+                                package[:len(package) - node.level + 1]) if node.level else node.module
+                found.update(f"{base}.{a.name}" if f"{base}.{a.name}" in paths else base for a in node.names)
+        graph[name] = {m for m in found if m in paths and m != name}
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[set[str]]:
+    """The strongly connected components with more than one module (Tarjan)."""
+    index, low, stack, on_stack, found = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = set()
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.add(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(component)
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def reachable(graph, start: str) -> set[str]:
+    seen, todo = set(), [start]
+    while todo:
+        for m in graph[todo.pop()] - seen:
+            seen.add(m)
+            todo.append(m)
+    return seen
+
+
+def test_the_finder_sees_a_cycle_and_a_lazy_import():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert cycles(graph) == [{"a", "b", "c"}]
+    edges = import_graph()
+    assert "specbench.components" in edges["specbench.config_check"]  # imported inside a function
+    assert "specbench.scoring.registry" in edges["specbench.scoring.code"]
+
+
+def test_no_import_cycles_but_the_known_one():
+    found = cycles(import_graph())
+    assert [c for c in found if c not in KNOWN_CYCLES] == []
+
+
+def test_nothing_imports_the_entry_points():
+    graph = import_graph()
+    for entry in ("specbench.__main__", "specbench.app"):
+        assert [m for m, imported in graph.items() if entry in imported] == [], entry
+
+
+def test_the_run_components_import_no_engine_and_no_entry_point():
+    graph = import_graph()
+    below = reachable(graph, "specbench.components")
+    assert not {m for m in below if m.startswith("specbench.engines")}
+    assert not below & {"specbench.benchmark", "specbench.bench", "specbench.__main__", "specbench.cli"}
