@@ -117,7 +117,7 @@ def fingerprint(model) -> str:
 
 
 def noise_cache_path(pair, threads: int) -> Path:
-    from .models.embedded import cache_root
+    from .models.files import cache_root
 
     # the profile is the target's alone: what the pair says of its draft (loaded or not) must not split the cache
     identity = {"pair": pair.name, "info": pair.target_info, "precision": pair.precision.as_record(),

@@ -6,14 +6,6 @@ from pathlib import Path
 import specbench
 
 PACKAGE = Path(specbench.__file__).parent
-# The one cycle left, through lazy imports inside functions: the model pair, its backends and the llama.cpp cache.
-# Breaking it is part of the run-layer redesign (issue 35); this list may only shrink.
-KNOWN_CYCLES = [{"specbench.decoding.llamacpp_lm", "specbench.models.backend", "specbench.models.embedded",
-                 "specbench.models.execution", "specbench.models.gguf_pair", "specbench.models.llamacpp",
-                 "specbench.models.pair", "specbench.models.precision", "specbench.models.tiny",
-                 "specbench.models.tiny_gguf"}]
-
-
 def module_name(path: Path) -> str:
     parts = ["specbench", *path.relative_to(PACKAGE).with_suffix("").parts]
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
@@ -85,9 +77,8 @@ def test_the_finder_sees_a_cycle_and_a_lazy_import():
     assert "specbench.scoring.registry" in edges["specbench.scoring.code"]
 
 
-def test_no_import_cycles_but_the_known_one():
-    found = cycles(import_graph())
-    assert [c for c in found if c not in KNOWN_CYCLES] == []
+def test_no_import_cycles():
+    assert cycles(import_graph()) == []
 
 
 def test_nothing_imports_the_entry_points():

@@ -31,7 +31,7 @@ def hub_files(model: dict, dtype: str) -> ModelFiles:
 
 def tiny_files(model: dict, dtype: str) -> ModelFiles:
     """The tiny random pair engine=hf builds, saved as two checkpoints with its byte tokenizer."""
-    from ..models.embedded import cache_root
+    from ..models.files import cache_root
     from ..models.tiny import build_tiny_pair
 
     settings = {k: v for k, v in model.items() if k not in ("_target_", "device", "linear_kernel")}

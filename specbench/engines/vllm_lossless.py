@@ -50,7 +50,7 @@ class VllmLosslessCheck:
     @property
     def profile(self) -> NoiseProfile:
         if self._profile is None:
-            from ..models.embedded import cache_root
+            from ..models.files import cache_root
 
             digest = hashlib.sha1(json.dumps(self.identity, sort_keys=True, default=str).encode()).hexdigest()[:16]
             path = cache_root() / "noise" / f"vllm-{digest}.json"

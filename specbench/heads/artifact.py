@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from ..errors import ConfigError
-from ..models.embedded import sha256_of as sha256_file
+from ..models.files import sha256_of as sha256_file
 from .model import DraftHead, HeadConfig
 
 CONFIG_FILE, WEIGHTS_FILE = "head.json", "head.safetensors"

