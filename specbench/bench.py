@@ -28,7 +28,7 @@ from . import costs as cost_model
 from .components import build
 from .cli import run_app
 from .environment import available_cores, environment
-from .errors import ConfigError, require, require_count
+from .errors import ConfigError, require, positive_int
 from .lossless import LosslessCheck
 from .metrics import compare, fmt, matched_baseline, round_of, summarize
 from .models.backend import BACKENDS, backend_of_config
@@ -58,10 +58,10 @@ def option_list(cfg: DictConfig, key: str, group: str) -> list[str]:
 def validate(cfg: DictConfig) -> None:
     """Every key of conf/bench.yaml, before any model loads."""
     for key in ("limit", "max_new_tokens", "gamma", "cost_repeats"):
-        require_count(cfg[key], key)
+        positive_int(cfg[key], key)
     require(isinstance(cfg.warmup, int) and not isinstance(cfg.warmup, bool) and cfg.warmup >= 0, "warmup",
             f"must be an integer >= 0, got {cfg.warmup!r}")
-    require_count(cfg.threads, "threads", optional=True, what="a positive integer (torch threads)")
+    positive_int(cfg.threads, "threads", optional=True, meaning="torch threads")
     require(isinstance(cfg.fp32, bool), "fp32", f"must be true or false, got {cfg.fp32!r}")
     temperature, top_p = cfg.temperature, cfg.top_p
     require(isinstance(temperature, (int, float)) and not isinstance(temperature, bool) and temperature >= 0,

@@ -12,10 +12,13 @@ def require(condition: bool, key: str, message: str) -> None:
         raise ConfigError(f"{key}: {message}")
 
 
-def require_count(value, key: str, optional: bool = False, what: str = "a positive integer") -> None:
-    """A positive integer (or, when ``optional``, null): the shape of sizes, limits and budgets."""
+def positive_int(value, key: str, meaning: str | None = None, optional: bool = False) -> int | None:
+    """The one check of a count (sizes, limits, budgets, γ, W ...): a positive integer, or null where ``optional``;
+    returns it. The error names the key, what the number means and the bad value."""
     ok = isinstance(value, int) and not isinstance(value, bool) and value >= 1
-    require(ok or (optional and value is None), key, f"must be {what}{' or null' if optional else ''}, got {value!r}")
+    require(ok or (optional and value is None), key, f"must be a positive integer{f' ({meaning})' if meaning else ''}"
+                                                     f"{' or null' if optional else ''}, got {value!r}")
+    return None if value is None else int(value)
 
 
 class StorageError(RuntimeError):

@@ -18,7 +18,7 @@ from omegaconf import OmegaConf
 from specbench import benchmark, components, records
 from specbench.config_check import ConfigOnlyPair, check_components, check_settings, construct
 from specbench.config_types import Range, problem
-from specbench.errors import ConfigError, StorageError, require_count
+from specbench.errors import ConfigError, StorageError, positive_int
 from specbench.records import RecordStore, write_json
 
 from .conftest import ROOT, run_cli
@@ -123,11 +123,21 @@ def test_values_are_checked_against_annotations(value, annotation, expected):
     assert problem(value, annotation) == expected
 
 
+def test_one_count_check_names_the_key_the_meaning_and_the_value():
+    assert positive_int(3, "method.gamma") == 3 and positive_int(None, "method.pool_capacity", optional=True) is None
+    with pytest.raises(ConfigError, match=r"^method.window: must be a positive integer \(Jacobi window W\), got True$"):
+        positive_int(True, "method.window", "Jacobi window W")
+    with pytest.raises(ConfigError, match=r"^data.limit: must be a positive integer or null, got 0$"):
+        positive_int(0, "data.limit", optional=True)
+    with pytest.raises(ConfigError, match=r"^method.gamma: must be a positive integer, got None$"):
+        positive_int(None, "method.gamma")
+
+
 class NeedsTheModel:
     """A constructor that checks a setting, then reads something only a loaded pair has."""
 
     def __init__(self, pair, gamma: int = 1):
-        require_count(gamma, "method.gamma")
+        positive_int(gamma, "method.gamma")
         self.vocab = pair.target.config.vocab_size
 
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import ConfigError, require, require_count
+from ..errors import ConfigError, require, positive_int
 from ..scoring import BoundScorer
 from .sources import hub_rows, package_file, read_rows
 
@@ -57,9 +57,9 @@ class PromptDataset:
                  categories: list[str] | None = None, category_field: str = "category",
                  chat_template: bool | None = None, scorer: dict | None = None, partition: dict | None = None,
                  part: str | None = None, **_):
-        require_count(max_new_tokens, "data.max_new_tokens")
+        positive_int(max_new_tokens, "data.max_new_tokens")
         for key, value in (("limit", limit), ("sample", sample), ("max_turns", max_turns)):
-            require_count(value, f"data.{key}", optional=True)
+            positive_int(value, f"data.{key}", optional=True)
         require(chat_template in (None, True, False), "data.chat_template",
                 f"must be true, false or null (follow the model pair), got {chat_template!r}")
         require(template_if_empty is None or {"field", "template"} <= set(template_if_empty), "data.template_if_empty",
@@ -168,6 +168,6 @@ def check_partition(partition: dict | None, part: str | None) -> tuple[dict | No
     require(isinstance(partition, dict) and isinstance(partition.get("sizes"), dict) and partition["sizes"],
             "data.partition", "must be {seed: <int>, sizes: {<part>: <rows>, ...}}")
     for name, size in partition["sizes"].items():
-        require_count(size, f"data.partition.sizes.{name}")
+        positive_int(size, f"data.partition.sizes.{name}")
     require(part in partition["sizes"], "data.part", f"{part!r} is not one of {list(partition['sizes'])}")
     return partition, part

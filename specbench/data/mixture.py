@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import random
 
-from ..errors import require, require_count
+from ..errors import require, positive_int
 from .dataset import Example, PromptDataset
 
 
@@ -31,10 +31,10 @@ class MixedDataset:
                  consecutive: int | None = None, seed: int = 0, limit: int | None = None,
                  chat_template: bool | None = None, version: int = 1, **_):
         require(isinstance(components, dict) and components, "data.components", "needs at least one dataset")
-        require_count(per_component, "data.per_component")
-        require_count(max_new_tokens, "data.max_new_tokens")
-        require_count(consecutive, "data.consecutive", optional=True, what="a positive integer (CN; null: shuffle)")
-        require_count(limit, "data.limit", optional=True)
+        positive_int(per_component, "data.per_component")
+        positive_int(max_new_tokens, "data.max_new_tokens")
+        positive_int(consecutive, "data.consecutive", optional=True, meaning="CN; null: shuffle")
+        positive_int(limit, "data.limit", optional=True)
         self.name, self.components, self.per_component = name, components, per_component
         self.max_new_tokens, self.consecutive, self.seed, self.limit = max_new_tokens, consecutive, seed, limit
         self.chat_template, self.version = chat_template, version

@@ -10,7 +10,7 @@ from __future__ import annotations
 import typing
 from dataclasses import dataclass
 
-from ..errors import ConfigError, require, require_count
+from ..errors import ConfigError, require, positive_int
 
 
 @dataclass(frozen=True)
@@ -49,7 +49,7 @@ def ngram(method: dict, files: ModelFiles) -> dict:
 
 def engine_method(method: dict, files: ModelFiles) -> dict:
     name = method["engine_method"]
-    require_count(method.get("num_speculative_tokens", 4), "method.num_speculative_tokens")
+    positive_int(method.get("num_speculative_tokens", 4), "method.num_speculative_tokens")
     needs_head = name in ("eagle", "eagle3", "medusa")
     require(not needs_head or method.get("head"), "method.head",
             f"vLLM's {name} needs a draft head made for this target: method.head=<Hugging Face id or local dir>")
@@ -72,7 +72,7 @@ def feature_head(method: dict, files: ModelFiles) -> dict:
     require(not (Path(str(head)).expanduser() / CONFIG_FILE).exists(), "method.head",
             f"{head} is a head trained here (specbench format); vLLM loads EAGLE heads in their published format "
             "(a Hugging Face id such as yuhuili/EAGLE-LLaMA3-Instruct-8B). Heads trained here run with engine=hf")
-    require_count(method.get("depth", 5), "method.depth")
+    positive_int(method.get("depth", 5), "method.depth")
     return {"method": "eagle", "model": head, "num_speculative_tokens": method.get("depth", 5)}
 
 

@@ -122,12 +122,6 @@ def length_or_auto(value, key: str, meaning: str) -> int | None:
     return int(value)
 
 
-def positive_int(value, key: str, meaning: str) -> int:
-    require(isinstance(value, int) and not isinstance(value, bool) and value >= 1, key,
-            f"must be a positive integer ({meaning}), got {value!r}")
-    return int(value)
-
-
 def methods_for_backend(backend: str) -> list[str]:
     """The ``method=`` names (conf/method/*.yaml) whose class runs on ``backend``."""
     from pathlib import Path

@@ -24,7 +24,7 @@ from torch import nn
 
 from ..errors import ConfigError, require
 from ..decoding.graphs import GraphedCall
-from .base import positive_int
+from ..errors import positive_int
 from .sl_policies import StaticSL
 
 ARTIFACT_FORMAT = 1

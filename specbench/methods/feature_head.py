@@ -18,7 +18,8 @@ from ..heads.dynamic_tree import HeadTree
 from ..heads.head_runner import EagerHeadRunner, StaticHead, StaticHeadRunner
 from ..heads.model import HeadConfig, TargetParts
 from ..models.cpu_linear import apply_linear_kernel
-from .base import NoTimeline, ProposerMethod, positive_int
+from ..errors import positive_int
+from .base import NoTimeline, ProposerMethod
 
 
 class FeatureHeadMethod(ProposerMethod):

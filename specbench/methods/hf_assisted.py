@@ -16,7 +16,8 @@ import torch
 
 from ..decoding.generation import Generation, finalize_tokens
 from ..errors import require
-from .base import DecodingMethod, NoTimeline, positive_int
+from ..errors import positive_int
+from .base import DecodingMethod, NoTimeline
 
 SCHEDULES = ("constant", "heuristic", "heuristic_transient")  # transformers' num_assistant_tokens_schedule
 

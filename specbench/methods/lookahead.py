@@ -15,11 +15,8 @@ import random
 from ..decoding.jacobi import JacobiWindow, PoolLookahead
 from ..decoding.ngram_pool import NGramPool
 from ..errors import require
-from .base import ProposerMethod, positive_int
-
-
-def optional_positive(value, key: str, meaning: str) -> int | None:
-    return None if value is None else positive_int(value, key, meaning)
+from ..errors import positive_int
+from .base import ProposerMethod
 
 
 class PooledMethod(ProposerMethod):
@@ -54,7 +51,7 @@ class Lookahead(PooledMethod):
         self.ngram = positive_int(ngram, "method.ngram", "n-gram size N")
         require(self.ngram >= 2, "method.ngram", f"must be >= 2 (N-1 lookahead levels), got {ngram}")
         self.guesses = positive_int(guesses, "method.guesses", "G, n-grams verified per step")
-        capacity = optional_positive(pool_capacity, "method.pool_capacity", "n-grams kept per first token")
+        capacity = positive_int(pool_capacity, "method.pool_capacity", "n-grams kept per first token", optional=True)
         self.pool_from_prompt, self.warm_start = bool(pool_from_prompt), bool(warm_start)
         self.pool = NGramPool(self.ngram, capacity)
 

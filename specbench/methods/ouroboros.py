@@ -37,8 +37,8 @@ from ..decoding.jacobi import JacobiWindow, lookahead_step
 from ..decoding.ngram_pool import NGramPool
 from ..decoding.proposal import Proposal, Step, StepContext
 from ..errors import require
-from .base import positive_int
-from .lookahead import PooledMethod, optional_positive
+from ..errors import positive_int
+from .lookahead import PooledMethod
 
 MATCH_K = (1, 2, 3, 4)
 
@@ -104,8 +104,8 @@ class Ouroboros(PooledMethod):
         self.beta = positive_int(beta, "method.beta", "phrase length β")
         require(self.beta >= 2, "method.beta", f"must be >= 2, got {beta}")
         self.top_k = positive_int(top_k, "method.top_k", "K, candidate suffixes verified per step")
-        self.draft_window = optional_positive(draft_window, "method.draft_window",
-                                              "columns of the draft's Jacobi window (null: W)") or self.window
+        self.draft_window = positive_int(draft_window, "method.draft_window",
+                                         "columns of the draft's Jacobi window (null: W)", optional=True) or self.window
         require(not refinement or candidate_suffixes, "method.refinement",
                 "needs candidate_suffixes=true (refinement replaces verified suffixes)")
         self.phrase_draft, self.candidate_suffixes = bool(phrase_draft), bool(candidate_suffixes)

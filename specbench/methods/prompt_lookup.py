@@ -30,7 +30,8 @@ from typing import Literal, Sequence
 from ..autotune import LONGEST
 from ..decoding.proposal import Proposal, Step, StepContext
 from ..errors import require
-from .base import ProposerMethod, length_or_auto, positive_int
+from ..errors import positive_int
+from .base import ProposerMethod, length_or_auto
 
 
 class NGramIndex:

@@ -14,7 +14,7 @@ import math
 import torch
 
 from ..errors import require
-from .base import positive_int
+from ..errors import positive_int
 
 
 class StaticSL:

@@ -30,7 +30,8 @@ import torch
 from ..decoding.cached_lm import CachedLM, draft_lm
 from ..decoding.proposal import Proposal, Step, StepContext
 from ..errors import require
-from .base import ProposerMethod, positive_int
+from ..errors import positive_int
+from .base import ProposerMethod
 
 
 class DraftTree:

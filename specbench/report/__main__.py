@@ -23,7 +23,7 @@ from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 
 from ..cli import CONF, one_line, run_app, split_flags
-from ..errors import ConfigError, require, require_count
+from ..errors import ConfigError, require, positive_int
 
 OWN = ("experiment", "out", "overrides", "logger", "paths", "hydra")  # the report's keys (conf/report.yaml)
 SHARED = ("paths",)  # the report's own keys that the sweep's configs need as well (where the records are)
@@ -72,7 +72,7 @@ def limit_of(overrides: list[str]) -> int | None:
             require(not override.is_sweep_override(), "data.limit",
                     f"one value (the report keeps the first N prompts of every cell), got {override.input_line!r}")
             limit = override.value()
-    require_count(limit, "data.limit", optional=True)
+    positive_int(limit, "data.limit", optional=True)
     return limit
 
 
