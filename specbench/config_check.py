@@ -33,6 +33,7 @@ from typing import Annotated, Literal
 from hydra.utils import get_object
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
+from . import components
 from .config_types import Range, describe, problem
 from .errors import ConfigError, require
 from .models.backend import backend_of_config
@@ -254,8 +255,6 @@ def parameters(target) -> dict[str, Param]:
 def construct(node: DictConfig, key: str, **kwargs):
     """Build ``node`` once so the constructor's own checks run now, and return it; a constructor that needs the
     loaded model (ModelNotLoaded) is left to check itself when the real one is built (None)."""
-    from . import components  # components imports runner, which imports what imports this module
-
     try:
         return components.build(node, key, **kwargs)
     except ModelNotLoaded:  # raised by the constructor itself (build calls it outside Hydra)

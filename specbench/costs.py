@@ -109,18 +109,14 @@ def predicted_ms(records: list[dict], target_costs, draft_costs) -> float:
     """Σ over the records' forwards of T(tokens fed) for the model that ran them. costs: a ``ForwardCosts`` (the
     rows of logits each forward kept, ``forward_rows``, priced; all rows where a record does not say) or a plain
     table {k: ms} from ``measure_costs``."""
+    roles = [(role, costs if isinstance(costs, ForwardCosts) else ForwardCosts(costs))  # a plain table: no row cost
+             for role, costs in (("target", target_costs), ("draft", draft_costs)) if costs]
     total = 0.0
     for r in records:
         sizes, rows = r.get("forward_sizes") or {}, r.get("forward_rows") or {}
-        for role, costs in (("target", target_costs), ("draft", draft_costs)):
-            if not costs:
-                continue
+        for role, costs in roles:
             fed = sizes.get(role, [])
-            if isinstance(costs, ForwardCosts):
-                kept = rows.get(role) or [None] * len(fed)
-                total += sum(costs.at(k, n) for k, n in zip(fed, kept))
-            else:
-                total += sum(interpolate(costs, k) for k in fed)
+            total += sum(costs.at(k, n) for k, n in zip(fed, rows.get(role) or [None] * len(fed)))
     return total
 
 

@@ -7,7 +7,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from transformers.utils import logging as transformers_logging
 
-from .. import components
+from .. import components  # components.build(...) through the module: tests guard what it builds
 from ..components import check_resolution, needs_draft_model, pairing_mode, resolved_threads, spec_for
 from ..costs import run_bound
 from ..errors import require

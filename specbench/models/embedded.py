@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import ConfigError
-from .files import cache_root, sha256_of  # noqa: F401  (cache_root: this module's name for it too)
+from .files import cache_root, sha256_of
 from .pair import ModelPair, attention_of, eos_ids_of, prepare_for_inference
 from .backend import announce_backend, resolve_backend
 from .execution import announce_execution, resolve_attention, resolve_execution
