@@ -30,12 +30,13 @@ from .cli import run_app
 from .environment import available_cores, environment
 from .errors import ConfigError, require, positive_int
 from .lossless import LosslessCheck
-from .metrics import compare, fmt, matched_baseline, round_of, summarize
+from .metrics import compare, fmt, matched_baseline, summarize
 from .models.backend import BACKENDS, backend_of_config
 from .models.execution import Execution, execution_of_config
 from .models.precision import precision_of_config
 from .report.console import render_table, speedup_text
 from .report.experiment import hydra_context
+from .engines.loops import LoopBackend
 from .runner import Entry, Runner, RunSpec, classify_record
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
@@ -185,26 +186,27 @@ def run(cfg: DictConfig) -> dict:
     first = next(iter(method_cfgs))  # each mode's baseline: the first method in that mode
     baseline_of = {name: (first if len(pairs) == 1 else f"{first}@{name.rsplit('@', 1)[1]}") if name != FP32_GREEDY
                    else names[0] for name in names}
-    runner = Runner(pair, cfg.max_new_tokens, warmup=cfg.warmup, progress=False, threads=threads,
-                    lossless=LosslessCheck(pair, threads))
+    lossless = LosslessCheck(pair, threads)
     out = Path(cfg.out) / time.strftime("%Y%m%d-%H%M%S")
     records = {name: [] for name in names}
     first_prompt = None
     for data_cfg in data_cfgs:
         dataset = build(data_cfg, "data")
-        runner.scorer, runner.chat, runner.max_new_tokens = dataset.scorer, dataset.chat_template, cfg.max_new_tokens
+        backend = LoopBackend(pair, cfg.max_new_tokens, warmup=cfg.warmup, chat=dataset.chat_template,
+                              threads=threads)
+        runner = Runner(backend, progress=False, scorer=dataset.scorer, lossless=lossless)
         examples = dataset.examples()
-        first_prompt = first_prompt or runner.encode([{"role": "user", "content": examples[0].prompt}], False)
+        first_prompt = first_prompt or backend.encode([{"role": "user", "content": examples[0].prompt}], False)
         entries = [Entry(built[n], RunSpec(key="bench", method=n, pair=pair.name, data=dataset.name, records_dir=out))
                    for n in names]
         measured = runner.run(entries, examples, dataset.warmup_example(), order_offset=len(records[names[0]]))
-        classify_variants(runner, built, names, baseline_of, dict(zip(names, measured)), examples, threads,
+        classify_variants(backend, built, names, baseline_of, dict(zip(names, measured)), examples, threads,
                           exact=cfg.temperature == 0)
         for name, recs in zip(names, measured):
             records[name] += recs
             for r in recs:
-                print(f"{dataset.name} {r['prompt_id']:>14} {name:<12} {r['new_tokens']:4d} tok {r['wall_s']:7.2f} s "
-                      f"{r['new_tokens'] / r['wall_s']:6.2f} tok/s", flush=True)
+                print(f"{dataset.name} {r.prompt_id:>14} {name:<12} {r.new_tokens:4d} tok {r.wall_s:7.2f} s "
+                      f"{r.new_tokens / r.wall_s:6.2f} tok/s", flush=True)
     baseline = records[names[0]]
     # the fp32 greedy is another model (dtype): timed for its speed, its tokens are not expected to be greedy's
     # at temperature > 0 outputs are samples: compared by distribution (the tests), not token by token
@@ -271,26 +273,26 @@ def run(cfg: DictConfig) -> dict:
     return result
 
 
-def classify_variants(runner, built: dict, names: list[str], baseline_of: dict, measured: dict, examples,
+def classify_variants(backend: LoopBackend, built: dict, names: list[str], baseline_of: dict, measured: dict, examples,
                       threads: int, exact: bool) -> None:
     """The losslessness verdicts of methods on another variant's pair than the runner's (the runner classifies
     only its own pair's): each against its own variant's greedy in the same round, with that pair's own measured
     noise (its backend's); untimed, after the rounds. Single-turn prompts (a conversation stays unclassified)."""
     if not exact:
         return
-    prompts = {ex.id: [runner.encode([{"role": "user", "content": ex.prompt}], False)] for ex in examples
+    prompts = {ex.id: [backend.encode([{"role": "user", "content": ex.prompt}], False)] for ex in examples
                if len(ex.turns) == 1}
     checks: dict = {}
     for name in names:
         method_pair, against = built[name].pair, baseline_of[name]
-        if name == against or name == FP32_GREEDY or method_pair is runner.pair:
+        if name == against or name == FP32_GREEDY or method_pair is backend.pair:
             continue
         check = checks.setdefault(id(method_pair), LosslessCheck(method_pair, threads))
-        greedy = {round_of(r): r for r in measured[against]}
+        greedy = {r.round: r for r in measured[against]}
         for record in measured[name]:
-            base = greedy.get(round_of(record))
-            if base is not None and record["prompt_id"] in prompts and "lossless" not in record:
-                record["lossless"] = classify_record(check, prompts[record["prompt_id"]], record, base)
+            base = greedy.get(record.round)
+            if base is not None and record.prompt_id in prompts and record.lossless is None:
+                record.lossless = classify_record(check, prompts[record.prompt_id], record, base)
 
 
 def fmt_ci(ci) -> str:

@@ -1,5 +1,5 @@
 """``run(cfg)``: one benchmark from a resolved config — check it, build the engine, measure (the engine loads, runs
-the rounds and summarises: engines/hf.py, engines/vllm_runner.py). ``python -m specbench`` and the DISCO and
+the rounds and summarises: engines/hf.py, engines/vllm_backend.py). ``python -m specbench`` and the DISCO and
 draft-head pipelines call it; the pieces it is made of are in components.py."""
 from __future__ import annotations
 

@@ -14,7 +14,8 @@ from .environment import available_cores
 from .errors import ConfigError, require
 from .heads.artifact import recorded_sha256
 from .models.execution import model_identity
-from .records import SCHEMA_VERSION, run_key
+from .records import run_key
+from .schema import SCHEMA_VERSION
 from .runner import RunSpec
 
 
@@ -74,6 +75,16 @@ def spec_for(cfg: DictConfig, method_cfg: DictConfig, engine=None) -> RunSpec:
                    records_dir=Path(cfg.runner.records_dir))
 
 
+def record_config(cfg: DictConfig) -> dict:
+    """The resolved config every record of the run carries, whichever engine measures it; a method drafting with
+    a trained head also names the head's sha256 (``method.head_sha256``)."""
+    config = OmegaConf.to_container(cfg, resolve=True)
+    head_sha256 = recorded_sha256(config["method"])
+    if head_sha256:
+        config["method"]["head_sha256"] = head_sha256
+    return config
+
+
 def pairing_mode(cfg: DictConfig) -> str:
     """How a run's method is timed: ``interleaved`` with its baseline, or ``separate`` (also when the baseline is
     skipped, since then nothing is timed beside it)."""
@@ -92,9 +103,9 @@ def check_resolution(specs: list[RunSpec], examples, precision, threads: int) ->
     now = (precision.dtype, precision.linear_kernel, threads)
     for spec in specs:
         for record in spec.records_for(examples):
-            env = record.get("env") or {}
+            env = record.env or {}
             measured = env.get("precision") or {}
-            then = (measured.get("dtype", record.get("dtype")), measured.get("linear_kernel"), env.get("threads"))
+            then = (measured.get("dtype", record.dtype), measured.get("linear_kernel"), env.get("threads"))
             if then != now:
                 raise ConfigError(
                     f"runner.records_dir: {spec.store.path} holds records of this run measured as "

@@ -113,7 +113,7 @@ def predicted_ms(records: list[dict], target_costs, draft_costs) -> float:
              for role, costs in (("target", target_costs), ("draft", draft_costs)) if costs]
     total = 0.0
     for r in records:
-        sizes, rows = r.get("forward_sizes") or {}, r.get("forward_rows") or {}
+        sizes, rows = r.forward_sizes or {}, r.forward_rows or {}
         for role, costs in roles:
             fed = sizes.get(role, [])
             total += sum(costs.at(k, n) for k, n in zip(fed, rows.get(role) or [None] * len(fed)))
@@ -143,7 +143,7 @@ def run_bound(pair, records: list[dict], baseline: list[dict], prompt: list[int]
     from .metrics import matched_baseline
 
     base = matched_baseline(records, baseline) if baseline else []
-    fed = {role: {k for r in records + base for k in (r.get("forward_sizes") or {}).get(role, [])
+    fed = {role: {k for r in records + base for k in (r.forward_sizes or {}).get(role, [])
                   if k <= MEASURED_UP_TO} for role in ("target", "draft")}
     if not base or not fed["target"]:
         return None

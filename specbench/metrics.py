@@ -13,7 +13,7 @@ import random
 import statistics
 from collections import Counter, defaultdict
 
-from .records import round_of
+from .schema import RunRecord
 from .scoring import aggregate_scores
 
 
@@ -29,8 +29,8 @@ def _std(values):
 
 def rate(records) -> float | None:
     """Σ new tokens / Σ wall seconds."""
-    time = sum(r["wall_s"] for r in records)
-    return sum(r["new_tokens"] for r in records) / time if time > 0 else None
+    time = sum(r.wall_s for r in records)
+    return sum(r.new_tokens for r in records) / time if time > 0 else None
 
 
 def tau(records) -> float | None:
@@ -38,32 +38,32 @@ def tau(records) -> float | None:
     token counted). From per-step accept lengths when the method reports them, otherwise (hf_assisted)
     new tokens / target forwards, which is the same quantity.
     """
-    steps = [n for r in records for n in (r.get("accept_lengths") or [])]
+    steps = [n for r in records for n in (r.accept_lengths or [])]
     if steps:
         return sum(steps) / len(steps)
-    forwards = sum(r.get("target_forwards") or 0 for r in records)
-    return sum(r["new_tokens"] for r in records) / forwards if forwards else None
+    forwards = sum(r.target_forwards or 0 for r in records)
+    return sum(r.new_tokens for r in records) / forwards if forwards else None
 
 
 def mean_sl(records) -> float | None:
     """Mean tokens drafted per step (the speculation length actually used), for methods that record it
     per step in ``extra.sl`` (the SL policies); None otherwise."""
-    steps = [n for r in records for n in (r.get("extra") or {}).get("sl", [])]
+    steps = [n for r in records for n in r.extra.get("sl", [])]
     return statistics.fmean(steps) if steps else None
 
 
 def acceptance_rate(records) -> float | None:
-    drafted = sum(r.get("drafted") or 0 for r in records)
-    return sum(r.get("accepted") or 0 for r in records) / drafted if drafted else None
+    drafted = sum(r.drafted or 0 for r in records)
+    return sum(r.accepted or 0 for r in records) / drafted if drafted else None
 
 
-def accepted_per_step(record: dict) -> list[tuple[int, int]]:
+def accepted_per_step(record: RunRecord) -> list[tuple[int, int]]:
     """(accepted draft tokens, proposed depth) per verification step of a record, both raw counters of
     Generation.add_step (``accepted_steps``, ``proposed``: trimmed to the tokens the output keeps, so a step cut
     at an EOS among its drafts counts the drafts up to it, and its depth is trimmed to them). [] when the record
     has no ``proposed`` (records written before it existed, hf_assisted when its call pattern did not fit) or
     the lists disagree in length."""
-    accepted, proposed = record.get("accepted_steps") or [], record.get("proposed") or []
+    accepted, proposed = record.accepted_steps or [], record.proposed or []
     if not proposed or len(proposed) != len(accepted):
         return []
     return list(zip(accepted, proposed))
@@ -93,56 +93,56 @@ def first_divergence(a: list[int], b: list[int]) -> int | None:
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
-def by_prompt(records) -> dict[str, list[dict]]:
+def by_prompt(records) -> dict[str, list[RunRecord]]:
     groups = defaultdict(list)
     for r in records:
-        groups[r["prompt_id"]].append(r)
+        groups[r.prompt_id].append(r)
     return groups
 
 
-def partners_of(records, baseline) -> dict[str, dict]:
+def partners_of(records, baseline) -> dict[str, RunRecord]:
     """round id -> the baseline record timed in that round, for the rounds of ``records`` that have one."""
-    wanted = {round_of(r) for r in records} - {None}
-    return {round_of(b): b for b in baseline if round_of(b) in wanted}
+    wanted = {r.round for r in records} - {None}
+    return {b.round: b for b in baseline if b.round in wanted}
 
 
-def matched_baseline(records, baseline) -> list[dict]:
+def matched_baseline(records, baseline) -> list[RunRecord]:
     """The baseline records these records are measured against: their rounds' partners when they were paired,
     else the whole baseline."""
     partners = partners_of(records, baseline)
-    return [partners[round_of(r)] for r in records if round_of(r) in partners] if partners else list(baseline)
+    return [partners[r.round] for r in records if r.round in partners] if partners else list(baseline)
 
 
-def first_repeat(records, prompt_id: str) -> dict | None:
+def first_repeat(records, prompt_id: str) -> RunRecord | None:
     """The lowest-repeat record of ``prompt_id`` (a stored baseline's reference for that prompt), if any."""
-    mine = [r for r in records if r["prompt_id"] == prompt_id]
-    return min(mine, key=lambda r: r["repeat"]) if mine else None
+    mine = [r for r in records if r.prompt_id == prompt_id]
+    return min(mine, key=lambda r: r.repeat) if mine else None
 
 
-def one_per_prompt(records) -> list[dict]:
+def one_per_prompt(records) -> list[RunRecord]:
     """One record per (prompt, repeat), the first stored: a baseline file holds one per round it was paired in,
     and a baseline summarised on its own counts each (prompt, repeat) once."""
     seen, out = set(), []
     for r in records:
-        if (r["prompt_id"], r["repeat"]) not in seen:
-            seen.add((r["prompt_id"], r["repeat"]))
+        if (r.prompt_id, r.repeat) not in seen:
+            seen.add((r.prompt_id, r.repeat))
             out.append(r)
     return out
 
 
-def reference_of(record: dict, baseline: list[dict], paired: dict | None) -> dict | None:
+def reference_of(record: RunRecord, baseline: list[RunRecord], paired: dict | None) -> RunRecord | None:
     """The greedy record this record is compared with: its round's baseline, else the prompt's first repeat."""
-    if paired is not None and round_of(record) in paired:
-        return paired[round_of(record)]
-    return first_repeat(baseline, record["prompt_id"])
+    if paired is not None and record.round in paired:
+        return paired[record.round]
+    return first_repeat(baseline, record.prompt_id)
 
 
-def verdict_of(record: dict, reference: dict, divergence: int | None) -> str:
+def verdict_of(record: RunRecord, reference: RunRecord, divergence: int | None) -> str:
     """The runner's recorded verdict, when it was made against this reference and agrees with what the ids show;
     otherwise ``unclassified`` (e.g. records compared with another baseline than the one they were checked
     against), so identical + near-ties + mismatches + unclassified always add up to the prompts compared."""
-    stored = record.get("lossless") or {}
-    same_reference = stored.get("against", round_of(reference)) == round_of(reference)
+    stored = record.lossless or {}
+    same_reference = stored.get("against", reference.round) == reference.round
     if divergence is None or not same_reference or stored.get("index") != divergence:
         return "unclassified"
     return stored.get("verdict") if stored.get("verdict") in ("near-tie", "MISMATCH") else "unclassified"
@@ -156,11 +156,11 @@ def losslessness(records, baseline, paired: dict | None = None) -> dict:
     """
     per_prompt, verdicts = {}, {}
     for pid, rs in by_prompt(records).items():
-        ours = min(rs, key=lambda r: r["repeat"])
+        ours = min(rs, key=lambda r: r.repeat)
         ref = reference_of(ours, baseline, paired)
         if ref is None:
             continue
-        per_prompt[pid] = first_divergence(ours["output_ids"], ref["output_ids"])
+        per_prompt[pid] = first_divergence(ours.output_ids, ref.output_ids)
         if per_prompt[pid] is not None:
             verdicts[pid] = verdict_of(ours, ref, per_prompt[pid])
     counts = Counter(verdicts.values())
@@ -209,7 +209,7 @@ def batches_of(records) -> dict[str, dict]:
     seen: dict[str, dict] = {}
     counts: Counter = Counter()
     for r in records:
-        batch = r.get("batch")
+        batch = r.batch
         if batch:
             seen[batch["id"]] = batch
             counts[batch["id"]] += 1
@@ -232,9 +232,9 @@ def throughput_compare(records, baseline) -> dict:
     theirs = batches_of(baseline)
     pairs = {}
     for r in records:
-        b = (r.get("batch") or {}).get("id")
-        partner = partners.get(round_of(r))
-        other = ((partner or {}).get("batch") or {}).get("id")
+        b = (r.batch or {}).get("id")
+        partner = partners.get(r.round)
+        other = ((partner.batch if partner else None) or {}).get("id")
         if b in mine and other in theirs:
             pairs[b] = other
     if not pairs:
@@ -246,11 +246,11 @@ def throughput_compare(records, baseline) -> dict:
         sum(theirs[o]["new_tokens"] for o in pairs.values()) / sum(theirs[o]["wall_s"] for o in pairs.values()))
     return {"throughput_speedup": statistics.fmean(ratios), "throughput_speedup_ci95": bootstrap_mean_ci(
         [[x] for x in ratios]), "throughput_speedup_total": total, "batches": len(pairs),
-        "baseline_batch_tok_per_s": batch_rate([b for b in baseline if (b.get("batch") or {}).get("id")
+        "baseline_batch_tok_per_s": batch_rate([b for b in baseline if (b.batch or {}).get("id")
                                                 in partner_batches])}
 
 
-def summarize(records: list[dict], baseline: list[dict] | None = None, exact: bool = True,
+def summarize(records: list[RunRecord], baseline: list[RunRecord] | None = None, exact: bool = True,
               is_baseline: bool = False) -> dict:
     """The run summary row. ``baseline``: the greedy run's records on the same pair/data/settings.
 
@@ -261,11 +261,11 @@ def summarize(records: list[dict], baseline: list[dict] | None = None, exact: bo
         return {"prompts": 0}
     repeats = defaultdict(list)
     for r in records:
-        repeats[r["repeat"]].append(r)
+        repeats[r.repeat].append(r)
     per_repeat_rate = [rate(rs) for _, rs in sorted(repeats.items())]
-    prefill = [r["prefill_s"] for r in records if r.get("prefill_s") is not None]
-    new_tokens = sum(r["new_tokens"] for r in records)
-    wall = sum(r["wall_s"] for r in records)
+    prefill = [r.prefill_s for r in records if r.prefill_s is not None]
+    new_tokens = sum(r.new_tokens for r in records)
+    wall = sum(r.wall_s for r in records)
     summary = {
         "prompts": len(by_prompt(records)),
         "repeats": len(repeats),
@@ -273,14 +273,14 @@ def summarize(records: list[dict], baseline: list[dict] | None = None, exact: bo
         "wall_s": wall,
         "tok_per_s": rate(records),
         "tok_per_s_std": _std(per_repeat_rate),
-        "tok_per_s_prompt_mean": _mean(r["new_tokens"] / r["wall_s"] for r in records if r["wall_s"] > 0),
+        "tok_per_s_prompt_mean": _mean(r.new_tokens / r.wall_s for r in records if r.wall_s > 0),
         "ms_per_token": 1000 * wall / new_tokens if new_tokens else None,
         "prefill_s_mean": _mean(prefill),
         "tau": tau(records),
         "acceptance_rate": acceptance_rate(records),
         "alpha": acceptance_by_position(records) or None,
-        "target_forwards": sum(r.get("target_forwards") or 0 for r in records),
-        "draft_forwards": sum(r.get("draft_forwards") or 0 for r in records),
+        "target_forwards": sum(r.target_forwards or 0 for r in records),
+        "draft_forwards": sum(r.draft_forwards or 0 for r in records),
         "accuracy": aggregate_scores(records),
     }
     if is_baseline:
@@ -311,14 +311,14 @@ def compare(records, baseline, exact: bool = True) -> dict:
     partners = partners_of(records, baseline)
     lossless = losslessness(records, baseline, partners) if exact else {
         "identical": None, "compared": 0, "first_divergence": {}}
-    paired = [(r, partners[round_of(r)]) for r in records if round_of(r) in partners]
+    paired = [(r, partners[r.round]) for r in records if r.round in partners]
     paired = [(r, b) for r, b in paired if rate([r]) and rate([b])]
     if paired:
         by_prompt_ratio, by_repeat_ratio = defaultdict(list), defaultdict(list)
         for r, b in paired:
             ratio = rate([r]) / rate([b])
-            by_prompt_ratio[r["prompt_id"]].append(ratio)
-            by_repeat_ratio[r["repeat"]].append(ratio)
+            by_prompt_ratio[r.prompt_id].append(ratio)
+            by_repeat_ratio[r.repeat].append(ratio)
         ours, theirs = [r for r, _ in paired], [b for _, b in paired]
         speedup = statistics.fmean(statistics.fmean(v) for v in by_prompt_ratio.values())
         return {
@@ -339,8 +339,8 @@ def compare(records, baseline, exact: bool = True) -> dict:
     if not common:
         return {"speedup": None, "baseline_prompts": 0, "paired": False}
     base_rate = rate([r for pid in common for r in base[pid]])
-    repeats = sorted({r["repeat"] for pid in common for r in ours[pid]})
-    per_repeat = [rate([r for pid in common for r in ours[pid] if r["repeat"] == k]) for k in repeats]
+    repeats = sorted({r.repeat for pid in common for r in ours[pid]})
+    per_repeat = [rate([r for pid in common for r in ours[pid] if r.repeat == k]) for k in repeats]
     per_prompt = [rate(ours[pid]) / rate(base[pid]) for pid in common if rate(ours[pid]) and rate(base[pid])]
     speedup = rate([r for pid in common for r in ours[pid]]) / base_rate if base_rate else None
     return {

@@ -1,4 +1,4 @@
-"""The record schema and the append-only JSONL store that makes sweeps crash-safe and resumable.
+"""The append-only JSONL store that makes sweeps crash-safe and resumable (the records' schema: schema.py).
 
 One line per (prompt, repeat), written with a single write + fsync as soon as it is produced. A
 line cut short by a crash is ignored by every load (reading never writes: a report may read a file a
@@ -19,8 +19,6 @@ from pathlib import Path
 
 from .errors import StorageError
 
-# 2: pairing mode in the run key, resolved precision and threads in every record; pairing rounds; losslessness verdicts
-SCHEMA_VERSION = 2
 
 
 def run_key(identity: dict) -> str:
@@ -107,15 +105,11 @@ class RecordStore:
                                "same command to resume") from exc
 
 
-def round_of(record: dict) -> str | None:
-    """The interleaved round a record was measured in (None: timed on its own, ``runner.pairing=separate``)."""
-    return (record.get("pairing") or {}).get("round")
-
-
 def record_identity(record: dict) -> tuple:
     """What makes a record unique in its file: a baseline may hold one record per (prompt, repeat) for each
     round it was paired in, every other run one per (prompt, repeat)."""
-    return record.get("run_key"), record.get("prompt_id"), record.get("repeat"), round_of(record)
+    paired_in = (record.get("pairing") or {}).get("round")
+    return record.get("run_key"), record.get("prompt_id"), record.get("repeat"), paired_in
 
 
 def write_json(path: Path, payload: dict) -> None:

@@ -11,7 +11,7 @@ from .records import write_json
 from .runner import RunSpec
 
 
-def finish(cfg: DictConfig, spec: RunSpec, base_spec: RunSpec, records: list[dict], baseline_records, tracker,
+def finish(cfg: DictConfig, spec: RunSpec, base_spec: RunSpec, records: list, baseline_records, tracker,
            **facts) -> dict:
     """Summaries of the method (and its baseline), written, logged and printed; runner.strict_lossless enforced.
     ``facts``: what the summary says about how the run was measured (dtype, precision, threads ...)."""
@@ -23,7 +23,7 @@ def finish(cfg: DictConfig, spec: RunSpec, base_spec: RunSpec, records: list[dic
     summary = summarize(records, baseline_records, exact=exact, is_baseline=is_baseline)
     summary.update(run_key=spec.key, method=spec.method, pair=spec.pair, data=spec.data, **facts,
                    baseline_run_key=base_spec.key, records=str(spec.store.path))
-    tuned = next((r["tuned"] for r in records if r.get("tuned")), None)
+    tuned = next((r.tuned for r in records if r.tuned), None)
     if tuned:
         summary["tuned"] = tuned
     if summary.get("bound") and summary.get("speedup_total"):  # measured Σ/Σ over the bound's Σ/Σ: like for like

@@ -20,7 +20,7 @@ class NullTracker:
     def start(self, name: str, config: dict) -> None:
         pass
 
-    def log_record(self, record: dict) -> None:
+    def log_record(self, record) -> None:
         pass
 
     def finish(self, summary: dict) -> None:
@@ -98,14 +98,14 @@ class WandbTracker(NullTracker):
         self.run = init_run(self.project, self.entity, self.mode, self.dir, name=name, config=config, tags=self.tags)
         self.rows, self.accept_lengths = [], []
 
-    def log_record(self, record: dict) -> None:
-        rate = record["new_tokens"] / record["wall_s"] if record["wall_s"] > 0 else None
-        self.rows.append([record["prompt_id"], record["repeat"], record["new_tokens"], record["wall_s"],
-                          record["prefill_s"], rate, record["target_forwards"], record["drafted"],
-                          record["accepted"], record["output_text"], *score_cells(record.get("score"))])
-        self.accept_lengths += record.get("accept_lengths") or []
-        self.run.log({"prompt/tok_per_s": rate, "prompt/wall_s": record["wall_s"],
-                      "prompt/new_tokens": record["new_tokens"]})
+    def log_record(self, record) -> None:
+        rate = record.new_tokens / record.wall_s if record.wall_s > 0 else None
+        self.rows.append([record.prompt_id, record.repeat, record.new_tokens, record.wall_s,
+                          record.prefill_s, rate, record.target_forwards, record.drafted,
+                          record.accepted, record.output_text, *score_cells(record.score)])
+        self.accept_lengths += record.accept_lengths or []
+        self.run.log({"prompt/tok_per_s": rate, "prompt/wall_s": record.wall_s,
+                      "prompt/new_tokens": record.new_tokens})
 
     def finish(self, summary: dict) -> None:
         import wandb

@@ -17,7 +17,8 @@ from specbench.methods.speculative import SpeculativeDecoding
 from specbench.metrics import acceptance_by_position, accepted_per_step, summarize
 from specbench.report.console import alpha_text, render_headline
 from specbench.report.figures import FIGURES, alpha_curve
-from specbench.runner import Runner, combine_turns
+from specbench.engines.loops import LoopBackend
+from specbench.schema import TURN_FIELDS, RunRecord, TurnRecord, combine_turns
 
 from .test_counters import distinct_start
 from .test_equivalence import greedy_reference, pair_for
@@ -25,19 +26,19 @@ from .test_equivalence import greedy_reference, pair_for
 EOS = 99
 
 
-def turn_of(gen: Generation) -> dict:
-    """The fields of a record (one turn) that α reads, as Runner.measure_turn writes them."""
-    return {"accept_lengths": list(gen.accept_lengths), "proposed": list(gen.proposed),
-            "accepted_steps": list(gen.accepted_steps), "accepted": gen.accepted}
+def turn_of(gen: Generation) -> TurnRecord:
+    """The fields of a record (one turn) that α reads, as LoopBackend.measure_turn writes them."""
+    return TurnRecord(accept_lengths=list(gen.accept_lengths), proposed=list(gen.proposed),
+                      accepted_steps=list(gen.accepted_steps), accepted=gen.accepted)
 
 
 def rec(accept_lengths, proposed, accepted_steps):
-    """A single-turn record (the fields Runner.measure_turn writes, plus what summarize reads)."""
+    """A single-turn record (the fields LoopBackend.measure_turn writes, plus what summarize reads)."""
     n, accepted = sum(accept_lengths), sum(accepted_steps)
-    return {"prompt_id": "p", "repeat": 0, "prompt_tokens": 3, "output_ids": [1] * n, "output_text": "x",
-            "new_tokens": n, "wall_s": 1.0, "prefill_s": None, "target_forwards": len(accept_lengths),
-            "draft_forwards": 0, "drafted": sum(proposed), "accepted": accepted, "accept_lengths": accept_lengths,
-            "proposed": proposed, "accepted_steps": accepted_steps, "forward_sizes": {}, "extra": {}}
+    return RunRecord(prompt_id="p", repeat=0, prompt_tokens=3, output_ids=[1] * n, output_text="x", new_tokens=n,
+                     wall_s=1.0, prefill_s=None, target_forwards=len(accept_lengths), draft_forwards=0,
+                     drafted=sum(proposed), accepted=accepted, accept_lengths=accept_lengths, proposed=proposed,
+                     accepted_steps=accepted_steps, forward_sizes={}, extra={})
 
 
 # -- the per-step rule -------------------------------------------------------------------------------------------
@@ -80,9 +81,10 @@ def test_a_step_cut_at_the_budget_and_an_eos_as_the_first_draft():
 
 
 def test_no_steps_without_proposed():
-    assert accepted_per_step({"accept_lengths": [3, 1], "accepted": 2}) == []  # records written before it existed
-    assert accepted_per_step({"accept_lengths": [3, 1], "proposed": [], "accepted_steps": []}) == []  # hf, no fit
-    assert accepted_per_step({"proposed": [4, 2], "accepted_steps": [2]}) == []  # lengths disagree
+    old = RunRecord.from_dict({"accept_lengths": [3, 1], "accepted": 2})  # a line written before it existed
+    assert accepted_per_step(old) == []
+    assert accepted_per_step(RunRecord(accept_lengths=[3, 1], proposed=[], accepted_steps=[])) == []  # hf, no fit
+    assert accepted_per_step(RunRecord(proposed=[4, 2], accepted_steps=[2])) == []  # lengths disagree
 
 
 # -- α_k by hand -------------------------------------------------------------------------------------------------
@@ -107,22 +109,25 @@ def test_alpha_by_hand_over_records_with_a_cut_step():
 def test_a_multi_turn_record_concatenates_its_turns_steps():
     # two turns each ending in a cut step; the top-level lists are the turns' concatenated, accepted summed
     t1, t2 = rec([2, 3], [4, 3], [1, 3]), rec([3, 2], [2, 2], [2, 2])  # steps (1, 4), (3, 3); then (2, 2), (2, 2)
-    record = {**combine_turns([t1, t2]), "prompt_id": "p", "repeat": 0, "turns": [t1, t2]}
-    assert record["proposed"] == [4, 3, 2, 2] and record["accepted"] == 8
+    combined = combine_turns([t1, t2])
+    record = RunRecord(**{f: getattr(combined, f) for f in TURN_FIELDS}, prompt_id="p", repeat=0, turns=[t1, t2])
+    assert record.proposed == [4, 3, 2, 2] and record.accepted == 8
     # α_1: 4 of 4; α_2: all 4 reach it (>= 1 accepted, depth >= 2), 3 accept it ((1, 4) does not) = 0.75;
     # α_3: only (3, 3) reaches it (>= 2 accepted, depth >= 3) and accepts = 1.0; α_4: (1, 4) had 1 accepted: None
     assert acceptance_by_position([record]) == [1.0, 0.75, 1.0, None]
-    assert record["accepted_steps"] == [1, 3, 2, 2]  # the raw per-step counts concatenate like the other lists
+    assert record.accepted_steps == [1, 3, 2, 2]  # the raw per-step counts concatenate like the other lists
 
 
 def test_no_alpha_for_greedy_or_old_records():
     greedy = rec([1, 1, 1], [0, 0, 0], [0, 0, 0])
-    old = {k: v for k, v in rec([3, 2], [4, 4], [2, 1]).items() if k not in ("proposed", "accepted_steps")}
+    written = {k: v for k, v in rec([3, 2], [4, 4], [2, 1]).to_dict().items()
+               if k not in ("proposed", "accepted_steps")}
+    old = RunRecord.from_dict(written)  # a line written before ``proposed`` existed
     assert acceptance_by_position([greedy]) == [] and acceptance_by_position([old]) == []
     assert acceptance_by_position([]) == []
     assert summarize([greedy])["alpha"] is None and summarize([old])["alpha"] is None
     combined = combine_turns([old, old])
-    assert combined["proposed"] == []  # turns written before ``proposed``: an empty list, no α
+    assert combined.proposed == []  # turns written before ``proposed``: an empty list, no α
     # mixed with records that have it: only those count
     assert acceptance_by_position([old, greedy, rec([3, 1, 5], [4, 4, 4], [2, 0, 4])]) == pytest.approx(
         [2 / 3, 1.0, 0.5, 1.0])
@@ -198,9 +203,9 @@ def test_greedy_proposes_nothing_and_the_runner_records_proposed():
     pair = pair_for("llama", 0.05)
     gen = Greedy(pair, "greedy").generate([9, 10, 11], 5, set())
     assert gen.proposed == [0] * 5 and acceptance_by_position([turn_of(gen)]) == []
-    runner = Runner(pair, max_new_tokens=8, warmup=0, progress=False)
-    turn = runner.measure_turn(SpeculativeDecoding(pair, "speculative", gamma=3), [5, 6, 7])
-    assert len(turn["proposed"]) == len(turn["accept_lengths"]) and turn["proposed"]
+    backend = LoopBackend(pair, max_new_tokens=8, warmup=0)
+    turn = backend.measure_turn(SpeculativeDecoding(pair, "speculative", gamma=3), [5, 6, 7])
+    assert len(turn.proposed) == len(turn.accept_lengths) and turn.proposed
 
 
 # -- the figure --------------------------------------------------------------------------------------------------
@@ -221,7 +226,8 @@ def experiment(*cells):
 def test_alpha_curve_draws_one_line_per_cell_with_proposed(tmp_path):
     assert FIGURES["alpha_curve"] is alpha_curve
     greedy = cell("greedy", [rec([1, 1], [0, 0], [0, 0])])
-    old = cell("lookahead", [{k: v for k, v in rec([3, 2], [4, 4], [2, 1]).items() if k != "proposed"}])
+    old = cell("lookahead", [RunRecord.from_dict({k: v for k, v in rec([3, 2], [4, 4], [2, 1]).to_dict().items()
+                                                  if k != "proposed"})])
     assert alpha_curve(experiment(greedy, old), tmp_path / "none") == []  # no α anywhere: no figure
     speculative = cell("speculative", [rec([3, 1, 5], [4, 4, 4], [2, 0, 4])])
     ouroboros = cell("ouroboros", [rec([2, 3], [4, 3], [1, 3])])

@@ -14,6 +14,7 @@ from scipy.stats import t as student_t
 from specbench.metrics import (acceptance_rate, bootstrap_mean_ci, by_prompt, compare, first_divergence,
                                first_repeat, fmt, losslessness, matched_baseline, mean_sl, one_per_prompt,
                                partners_of, rate, reference_of, summarize, t_975, tau, verdict_of)
+from specbench.schema import RunRecord
 from specbench.report.console import identity_text, render_headline, render_table, speedup_text
 
 GREEDY_IDS = (1, 2, 3)
@@ -24,7 +25,7 @@ def rec(pid, tokens, wall, *, repeat=0, round_id=None, ids=GREEDY_IDS, **extra):
     record = {"prompt_id": pid, "repeat": repeat, "new_tokens": tokens, "wall_s": wall, "output_ids": list(ids),
               "pairing": {"round": round_id}}
     record.update(extra)
-    return record
+    return RunRecord.from_dict(record)
 
 
 # -- rates, τ, acceptance, SL ---------------------------------------------------------------------------------------

@@ -6,13 +6,14 @@ import sys
 import time
 
 from specbench.metrics import bootstrap_mean_ci, compare
+from specbench.schema import RunRecord
 
 from .conftest import ROOT, run_cli
 
 
 def rec(prompt, wall, round_id=None, repeat=0, tokens=10, ids=(1, 2, 3)):
-    return {"prompt_id": prompt, "repeat": repeat, "new_tokens": tokens, "wall_s": wall, "output_ids": list(ids),
-            "pairing": {"round": round_id}}
+    return RunRecord(prompt_id=prompt, repeat=repeat, new_tokens=tokens, wall_s=wall, output_ids=list(ids),
+                     pairing={"round": round_id})
 
 
 def test_paired_speedup_is_the_mean_of_round_ratios_and_ignores_other_rounds():

@@ -8,7 +8,8 @@ import pytest
 
 from specbench.components import spec_for
 from specbench.metrics import summarize
-from specbench.records import SCHEMA_VERSION, write_json
+from specbench.records import write_json
+from specbench.schema import SCHEMA_VERSION
 from specbench.report.experiment import compose_config, hydra_context
 from specbench.report.figures import speedup_vs_batch
 from specbench.report.render import render_experiment
@@ -41,7 +42,7 @@ def config(experiment: str, records_dir, *overrides):
 
 def record(spec, index: int, latency: float, end: float, round_id: str, ids: list[int], steps: dict,
            batch: dict | None) -> dict:
-    """One request's record as engines/vllm_runner.py (batch set) or runner.py (batch None) writes it."""
+    """One request's record as engines/vllm_backend.py (batch set) or runner.py (batch None) writes it."""
     env = {"hostname": "test-host", "device_name": "test device", "torch_threads": 1, "threads": 1,
            "precision": {"dtype": "bfloat16"}, **({"engine": VLLM["engine"]} if batch else {})}
     out = {"schema": SCHEMA_VERSION, "run_key": spec.key, "method": spec.method, "pair": spec.pair,

@@ -3,6 +3,7 @@ import pytest
 
 from specbench.engines.vllm_session import step_counters
 from specbench.metrics import batch_rate, summarize, throughput_compare
+from specbench.schema import RunRecord
 
 
 def test_step_counters_trim_vllm_overshoot_to_the_kept_tokens():
@@ -28,11 +29,12 @@ def batch_records(walls, tokens, rounds, size=2):
     out = []
     for b, (wall, toks, rnd) in enumerate(zip(walls, tokens, rounds)):
         for k in range(size):
-            out.append({"prompt_id": f"p{b}-{k}", "repeat": 0, "new_tokens": toks // size, "wall_s": wall,
+            out.append(RunRecord.from_dict({
+                        "prompt_id": f"p{b}-{k}", "repeat": 0, "new_tokens": toks // size, "wall_s": wall,
                         "output_ids": [7] * (toks // size),
                         "pairing": {"round": f"{rnd}:{k}"},
                         "batch": {"id": f"{rnd}-{walls[b]}", "size": size, "position": k, "wall_s": wall,
-                                  "new_tokens": toks}})
+                                  "new_tokens": toks}}))
     return out
 
 

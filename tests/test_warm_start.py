@@ -8,6 +8,7 @@ from specbench.data import Example
 from specbench.methods.ouroboros import Ouroboros
 from specbench.methods.sl_policies import HeuristicSL
 from specbench.methods.speculative import SpeculativeDecoding
+from specbench.engines.loops import LoopBackend
 from specbench.runner import Entry, Runner, RunSpec
 
 from .test_equivalence import pair_for
@@ -46,7 +47,7 @@ def expected_starts(make, pair) -> dict[tuple, object]:
 
 def run(make, pair, records: Path, examples, repeats=1) -> Recording:
     recording = Recording(make())
-    runner = Runner(pair, BUDGET, warmup=1, repeats=repeats, progress=False)
+    runner = Runner(LoopBackend(pair, BUDGET, warmup=1), repeats=repeats, progress=False)
     spec = RunSpec(key="k", method="warm", pair=pair.name, data="d", records_dir=records)
     runner.run([Entry(recording.method, spec)], examples, WARMUP)
     return recording

@@ -28,7 +28,8 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from .. import benchmark, components
 from ..errors import ConfigError, require
 from ..methods.disco import load_classifier, save_classifier
-from ..records import SCHEMA_VERSION, run_key, slug, write_json
+from ..records import run_key, slug, write_json
+from ..schema import SCHEMA_VERSION
 from . import tables
 from .extract import extract_split, feature_table
 from .train import evaluate, train_classifier

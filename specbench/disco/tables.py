@@ -23,15 +23,15 @@ TABLE1_PLAN = (("Target", "greedy"), ("dynHeur SL", "dyn_heur"), ("static SL-5",
                ("static SL-opt", "speculative"), ("DISCO", "disco"), ("oracle", "oracle_sl"), ("ppl SL-opt", "ppl_sl"))
 
 
-def oracle_sl_of(record: dict) -> list[int]:
+def oracle_sl_of(record) -> list[int]:
     """Per-step oracle SL of one record: the SL it drafted (``extra.sl``; every drafted token is accepted), or
     for records without it, accepted per step (a step cut at an EOS among the drafts counts one less)."""
-    return list((record.get("extra") or {}).get("sl") or [n - 1 for n in record["accept_lengths"]])
+    return list(record.extra.get("sl") or [n - 1 for n in record.accept_lengths])
 
 
-def oracle_statistics(records: list[dict]) -> dict:
+def oracle_statistics(records) -> dict:
     """Per-prompt oracle SL sequences, their mean ± std over all iterations, and the SL histogram."""
-    per_prompt = {r["prompt_id"]: oracle_sl_of(r) for r in records if r["repeat"] == 0}
+    per_prompt = {r.prompt_id: oracle_sl_of(r) for r in records if r.repeat == 0}
     values = [sl for seq in per_prompt.values() for sl in seq]
     counts = Counter(values)
     return {

@@ -8,14 +8,15 @@ from omegaconf import DictConfig, OmegaConf
 from transformers.utils import logging as transformers_logging
 
 from .. import components  # components.build(...) through the module: tests guard what it builds
-from ..components import check_resolution, needs_draft_model, pairing_mode, resolved_threads, spec_for
+from ..components import (check_resolution, needs_draft_model, pairing_mode, record_config, resolved_threads,
+                          spec_for)
 from ..costs import run_bound
 from ..errors import require
-from ..heads.artifact import recorded_sha256
 from ..lossless import LosslessCheck
 from ..metrics import one_per_prompt
 from ..models.precision import precision_of_config
 from ..runner import Entry, Runner, RunSpec
+from .loops import LoopBackend
 from ..scoring.sandbox import protect_path
 from ..summaries import finish
 
@@ -61,16 +62,17 @@ def measure(cfg: DictConfig, spec: RunSpec, pair=None) -> dict:
         pair = components.build(cfg.model, "model", **({} if needs_draft_model(cfg) else {"load_draft": False}))
     sampling = OmegaConf.to_container(cfg.sampling, resolve=True)
     tracker = components.build(cfg.logger, "logger") if cfg.get("logger") else None
-    config = OmegaConf.to_container(cfg, resolve=True)
-    head_sha256 = recorded_sha256(config["method"])
-    if head_sha256:  # every record names the trained head it drafted with
-        config["method"]["head_sha256"] = head_sha256
+    config = record_config(cfg)
     exact = sampling["temperature"] == 0
-    runner = Runner(pair, dataset.max_new_tokens, warmup=cfg.runner.warmup,
-                    warmup_max_new_tokens=cfg.runner.warmup_max_new_tokens, repeats=cfg.runner.repeats,
-                    seed=sampling["seed"], progress=cfg.runner.progress, config=config,
-                    scorer=dataset.scorer, chat=dataset.chat_template, threads=threads,
-                    lossless=LosslessCheck(pair, threads) if exact else None)
+    backend = LoopBackend(pair, dataset.max_new_tokens, warmup=cfg.runner.warmup,
+                          warmup_max_new_tokens=cfg.runner.warmup_max_new_tokens, seed=sampling["seed"],
+                          config=config, chat=dataset.chat_template, threads=threads)
+    lossless = LosslessCheck(pair, threads) if exact else None
+
+    def runner(logged: bool) -> Runner:  # the tracker logs the method's records, not a separate baseline's
+        return Runner(backend, repeats=cfg.runner.repeats, progress=cfg.runner.progress, scorer=dataset.scorer,
+                      lossless=lossless, tracker=tracker if logged else None)
+
     source = "runner.threads" if cfg.runner.threads else "the cores this process may use"
     print(f"[specbench] threads: {threads} ({source}); pairing: {pairing_mode(cfg)}", file=sys.stderr)
 
@@ -81,28 +83,24 @@ def measure(cfg: DictConfig, spec: RunSpec, pair=None) -> dict:
         tracker.start(f"{spec.method}@{spec.pair}/{spec.data}", config)
     baseline_records = None
     if is_baseline:
-        runner.tracker = tracker
-        (records,) = runner.run([method], examples, warmup_example)
+        (records,) = runner(logged=True).run([method], examples, warmup_example)
     elif cfg.runner.baseline == "skip":
         baseline_records = one_per_prompt(base_spec.records_for(examples)) or None
         if baseline_records is None:
             print(f"[specbench] no {cfg.baseline.name} baseline records for this pair/data/settings; speedup "
                   "and identity need them: re-run with runner.baseline=auto", file=sys.stderr)
-        runner.tracker = tracker
-        (records,) = runner.run([method], examples, warmup_example, reference=baseline_records)
+        (records,) = runner(logged=True).run([method], examples, warmup_example, reference=baseline_records)
     else:
         baseline = Entry(components.build(cfg.baseline, "baseline", pair=pair, **sampling), base_spec)
         if pairing_mode(cfg) == "interleaved":
-            runner.tracker = tracker
-            baseline_records, records = runner.run([baseline, method], examples, warmup_example)
+            baseline_records, records = runner(logged=True).run([baseline, method], examples, warmup_example)
         else:
-            (baseline_records,) = runner.run([baseline], examples, warmup_example)
-            runner.tracker = tracker
-            (records,) = runner.run([method], examples, warmup_example, reference=baseline_records)
+            (baseline_records,) = runner(logged=False).run([baseline], examples, warmup_example)
+            (records,) = runner(logged=True).run([method], examples, warmup_example, reference=baseline_records)
 
     facts = {}
     if cfg.runner.bound and baseline_records and not is_baseline:  # untimed: after every generation
-        prompt = runner.encode([{"role": "user", "content": examples[0].prompt}], False)
+        prompt = backend.encode([{"role": "user", "content": examples[0].prompt}], False)
         limit = run_bound(pair, records, baseline_records, prompt)
         if limit is not None:
             facts["bound"] = limit

@@ -2,7 +2,7 @@
 
 Two engines are started on the same weights: the baseline (no speculation) and the method's (its
 ``speculative_config``, engines/vllm_methods.py); a benchmark of the baseline alone starts one. Every round
-times one batch of ``runner.batch_size`` prompts on both, back to back, the order rotated (vllm_runner.py).
+times one batch of ``runner.batch_size`` prompts on both, back to back, the order rotated (vllm_backend.py).
 Checked before anything starts: vLLM installed, the method's mapping, the engine's own keys (``options`` against
 vLLM's EngineArgs), and that the CPU KV cache asked for fits in free memory.
 """
@@ -203,6 +203,6 @@ class VllmEngine:
             return LLM(**{**kwargs, **self.options})
 
     def measure(self, cfg: DictConfig, spec, pair=None) -> dict:
-        from .vllm_runner import measure
+        from .vllm_backend import measure
 
         return measure(self, cfg, spec)

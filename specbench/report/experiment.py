@@ -22,6 +22,7 @@ from ..components import spec_for
 from ..errors import ConfigError
 from ..metrics import matched_baseline, mean_sl, one_per_prompt, rate, summarize
 from ..runner import RunSpec
+from ..schema import RunRecord
 from ..scoring import primary_value
 from .tables import column_keys_of, row_keys_of
 
@@ -40,8 +41,8 @@ class Cell:
     cfg: DictConfig
     spec: RunSpec
     baseline: RunSpec
-    records: list[dict] = field(default_factory=list)
-    baseline_records: list[dict] = field(default_factory=list)
+    records: list[RunRecord] = field(default_factory=list)
+    baseline_records: list[RunRecord] = field(default_factory=list)
     status: str = "not run yet"   # ok | not run yet | failed: <why>
     summary: dict = field(default_factory=dict)
 
@@ -161,8 +162,10 @@ def measured_facts(spec: RunSpec) -> dict:
     return {k: saved[k] for k in FACTS if saved.get(k) is not None}
 
 
-def select(records: list[dict], key: str, limit: int | None) -> list[dict]:
-    return [r for r in records if r.get("run_key") == key and (limit is None or r.get("prompt_index", 0) < limit)]
+def select(rows: list[dict], key: str, limit: int | None) -> list[RunRecord]:
+    """The run's records among a store's lines, of its first ``limit`` prompts."""
+    return [RunRecord.from_dict(row) for row in rows
+            if row.get("run_key") == key and (limit is None or (row.get("prompt_index") or 0) < limit)]
 
 
 def cells_frame(exp: Experiment):
@@ -187,9 +190,8 @@ def records_frame(exp: Experiment):
     rows = []
     for cell in exp.cells:
         for r in cell.records:
-            rows.append({**{k: cell.value(k) for k in exp.keys}, "prompt_id": r["prompt_id"], "repeat": r["repeat"],
-                         "new_tokens": r["new_tokens"], "wall_s": r["wall_s"], "prefill_s": r.get("prefill_s"),
-                         "tok_per_s": rate([r]),
-                         "target_forwards": r.get("target_forwards"), "drafted": r.get("drafted"),
-                         "accepted": r.get("accepted")})
+            rows.append({**{k: cell.value(k) for k in exp.keys}, "prompt_id": r.prompt_id, "repeat": r.repeat,
+                         "new_tokens": r.new_tokens, "wall_s": r.wall_s, "prefill_s": r.prefill_s,
+                         "tok_per_s": rate([r]), "target_forwards": r.target_forwards, "drafted": r.drafted,
+                         "accepted": r.accepted})
     return pd.DataFrame(rows)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from ..environment import cpu_signature
 from ..errors import ConfigError
-from ..records import record_identity
+from ..schema import RunRecord
 from .console import alpha_text, identity_text
 from .experiment import CONF_DIR, Cell, Experiment
 from .parity import engine_notes, parity
@@ -35,13 +35,13 @@ def identical_text(cell: Cell) -> str:
     return identity_text(s) if s.get("compared") else "no baseline"
 
 
-def match_stats(records: list[dict]) -> dict:
+def match_stats(records: list[RunRecord]) -> dict:
     """Ouroboros Table 1 / Fig. 3, per rejected step (method.match_stats=true): mean len(LCP), #Match-k of the
     discarded draft tokens d_{l_d+2..γ} (Fig. 3), and #Match-1 of the whole draft (Table 1)."""
-    lcp = [n for r in records for n in ((r.get("extra") or {}).get("lcp") or [])]
+    lcp = [n for r in records for n in (r.extra.get("lcp") or [])]
     out = {"lcp": sum(lcp) / len(lcp)} if lcp else {}
     for r in records:
-        for k, values in ((r.get("extra") or {}).get("match_k") or {}).items():
+        for k, values in (r.extra.get("match_k") or {}).items():
             out.setdefault(f"match_{k}", []).extend(values)
     out = {k: (sum(v) / len(v) if isinstance(v, list) and v else v) for k, v in out.items()
            if not isinstance(v, list) or v}
@@ -140,16 +140,16 @@ def environment_notes(exp: Experiment) -> list[str]:
         if not cell.records:
             continue
         r = cell.records[0]
-        env = r.get("env") or {}
+        env = r.env or {}
         device = env.get("device_name") or env.get("device")
         if env.get("cpu") and str(env.get("device", "cpu")).startswith("cpu"):
             device = cpu_signature(env["cpu"])  # "AMD EPYC" alone names several machines of different speeds
-        line = (f"ours: {r['pair']} ({r.get('dtype')}) on {device}, "
-                f"{env.get('torch_threads')} torch threads, max_new_tokens {r.get('max_new_tokens')}")
+        line = (f"ours: {r.pair} ({r.dtype}) on {device}, "
+                f"{env.get('torch_threads')} torch threads, max_new_tokens {r.max_new_tokens}")
         if line not in seen:
             seen.add(line)
             notes.append(line)
-    commits = sorted({commit_text((r.get("env") or {}).get("git")) for c in exp.cells for r in c.records[:1]} - {None})
+    commits = sorted({commit_text((r.env or {}).get("git")) for c in exp.cells for r in c.records[:1]} - {None})
     if commits:
         notes.append("ours: measured at commit " + ", ".join(commits) + "; rendered by `python -m specbench.report "
                      + " ".join([f"experiment={exp.name}", *exp.overrides]) + "`")
@@ -189,7 +189,7 @@ def baseline_gap_hours(cell: Cell) -> float:
     """Hours between the middle of a cell's timed records and the middle of its baseline's."""
     if not cell.records or not cell.baseline_records:
         return 0.0
-    middle = lambda records: sorted(r["timestamp"] for r in records)[len(records) // 2]  # noqa: E731
+    middle = lambda records: sorted(r.timestamp for r in records)[len(records) // 2]  # noqa: E731
     return abs(middle(cell.records) - middle(cell.baseline_records)) / 3600
 
 
@@ -200,11 +200,12 @@ def concurrent_cells(exp: Experiment) -> list[str]:
     intervals, seen = [], set()
     for cell in exp.cells:
         for r in cell.records + cell.baseline_records:  # each record once, under its own run's name
-            if record_identity(r) in seen:
+            identity = (r.run_key, r.prompt_id, r.repeat, r.round)
+            if identity in seen:
                 continue
-            seen.add(record_identity(r))
-            host = (r.get("env") or {}).get("hostname")
-            intervals.append((r["timestamp"] - r["wall_s"], r["timestamp"], host, f"{r['method']}@{r['data']}"))
+            seen.add(identity)
+            host = (r.env or {}).get("hostname")
+            intervals.append((r.timestamp - r.wall_s, r.timestamp, host, f"{r.method}@{r.data}"))
     intervals.sort()
     found, active = [], []
     for start, end, host, name in intervals:

@@ -44,13 +44,13 @@ class BoundScorer:
                 "seconds": time.perf_counter() - start}
 
 
-def aggregate_scores(records: list[dict]) -> dict | None:
+def aggregate_scores(records) -> dict | None:
     """The run summary's accuracy block from the records' ``score`` entries (None when unscored).
 
     A run over a mixture of datasets (several scorers) has no single primary metric: its metrics are
     each scorer's, prefixed ``<scorer>/``.
     """
-    scores = [r["score"] for r in records if r.get("score")]
+    scores = [r.score for r in records if r.score]
     if not scores:
         return None
     names = sorted({s["scorer"] for s in scores})
