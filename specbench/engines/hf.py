@@ -11,7 +11,7 @@ from .. import components  # components.build(...) through the module: tests gua
 from ..components import check_resolution, needs_draft_model, pairing_mode, resolved_threads, spec_for
 from ..costs import run_bound
 from ..errors import require
-from ..heads.artifact import recorded_sha256
+from ..models.head_artifact import recorded_sha256
 from ..lossless import LosslessCheck
 from ..metrics import one_per_prompt
 from ..models.precision import precision_of_config

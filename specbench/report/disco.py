@@ -10,8 +10,8 @@ import json
 
 from hydra import compose
 
-from ..disco.pipeline import output_dirs
-from ..disco.tables import TABLE1_PLAN
+from ..training.disco.pipeline import output_dirs
+from ..training.disco.tables import TABLE1_PLAN
 from ..errors import ConfigError
 from .tables import Entry
 
