@@ -91,11 +91,11 @@ bench: $(CONVERTED_STAMP) $(LLAMA_STAMP) ## Paired benchmark of greedy / specula
 	$(BIN)/python -m specbench.bench $(ARGS)
 
 disco: $(EMBEDDED_STAMP) ## DISCO end to end on the embedded pair: extract, train, tune, test -> runs/disco/embedded/gsm8k_small (ARGS=disco=... for another experiment)
-	$(BIN)/python -m specbench.disco disco=gsm8k_small $(ARGS)
+	$(BIN)/python -m specbench.training.disco disco=gsm8k_small $(ARGS)
 
 heads: $(EMBEDDED_STAMP) ## Train the GRIFFIN and EAGLE draft heads on the embedded target: extract, train, evaluate -> runs/heads/ (ARGS=... overrides)
-	$(BIN)/python -m specbench.heads head=griffin $(ARGS)
-	$(BIN)/python -m specbench.heads head=eagle $(ARGS)
+	$(BIN)/python -m specbench.training.heads head=griffin $(ARGS)
+	$(BIN)/python -m specbench.training.heads head=eagle $(ARGS)
 
 report: $(STAMP) ## Render a paper table + figures from runs/ (ARGS="experiment=ouroboros_table2 model=embedded data=gsm8k ...", conf/report.yaml)
 	$(BIN)/python -m specbench.report $(ARGS)

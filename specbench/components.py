@@ -12,8 +12,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from .environment import available_cores
 from .errors import ConfigError, require
-from .heads.artifact import recorded_sha256
 from .models.execution import model_identity
+from .models.head_artifact import recorded_sha256
 from .records import run_key
 from .schema import SCHEMA_VERSION
 from .runner import RunSpec

@@ -72,8 +72,8 @@ class IdsOnly:
 
 
 def random_head_dir(target_config, kind: str, draft_vocab: int, directory: Path) -> str:
-    from .heads.artifact import save_head
-    from .heads.model import DraftHead, HeadConfig
+    from .models.draft_head import DraftHead, HeadConfig
+    from .models.head_artifact import save_head
 
     config = HeadConfig.for_target(target_config, kind, draft_vocab_size=draft_vocab)
     ids = torch.randperm(target_config.vocab_size, generator=torch.Generator().manual_seed(0))[:draft_vocab]

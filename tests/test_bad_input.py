@@ -164,7 +164,8 @@ def test_every_shipped_option_passes_the_checks(group, tmp_path):
                 check_components(cfg)
             continue
         if group == "method" and cfg.method._target_ == "specbench.methods.feature_head.FeatureHeadMethod":
-            with pytest.raises(ConfigError, match=r"^method\.head: no trained head at .*python -m specbench\.heads"):
+            with pytest.raises(ConfigError,
+                               match=r"^method\.head: no trained head at .*python -m specbench\.training\.heads"):
                 check_components(cfg)  # needs a trained head: refused before any model loads
             continue
         if group == "method" and cfg.method._target_ == "specbench.methods.engine_only.EngineMethod":

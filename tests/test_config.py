@@ -8,8 +8,8 @@ from omegaconf import OmegaConf
 from specbench.components import build, needs_draft_model, spec_for
 from specbench.config_check import check_components, check_settings
 from specbench.errors import ConfigError
-from specbench.heads.artifact import save_head
-from specbench.heads.model import DraftHead, HeadConfig
+from specbench.models.draft_head import DraftHead, HeadConfig
+from specbench.models.head_artifact import save_head
 
 from .conftest import ROOT, run_cli
 
@@ -97,12 +97,13 @@ def test_tiny_pairs_and_methods_instantiate(name, tmp_path):
     pair = build(cfg.model, "model")
     for method in options("method"):
         if method == "disco":  # needs a trained artifact: without one it names the key and how to get it
-            with pytest.raises(ConfigError, match="method.policy.classifier.*specbench.disco"):
+            with pytest.raises(ConfigError, match="method.policy.classifier.*specbench.training.disco"):
                 build(composed("method=disco").method, "method", pair=pair, temperature=0.0, top_p=1.0, seed=0)
             continue
         node = composed(f"method={method}", f"paths.heads={tmp_path}", f"model={name}").method
         if node._target_ == "specbench.methods.feature_head.FeatureHeadMethod":  # needs a trained head
-            with pytest.raises(ConfigError, match=r"method\.head: no trained head at .*python -m specbench\.heads"):
+            with pytest.raises(ConfigError,
+                               match=r"method\.head: no trained head at .*python -m specbench\.training\.heads"):
                 build(node, "method", pair=pair, temperature=0.0, top_p=1.0, seed=0)
             if name == "tiny_gpt2":  # a head drafts for Llama-family targets
                 continue
@@ -253,7 +254,7 @@ def test_griffin_ablation_rows_each_name_their_own_head():
 
 def test_pipeline_experiment_is_not_a_single_run(tmp_path):
     proc = run_cli("+experiment=disco_table1", records_dir=tmp_path / "records", check=False)
-    assert proc.returncode == 2 and "python -m specbench.disco" in proc.stderr
+    assert proc.returncode == 2 and "python -m specbench.training.disco" in proc.stderr
 
 
 def test_bad_dtype_fails_before_the_embedded_weights_load(tmp_path):

@@ -8,13 +8,13 @@ import pytest
 import torch
 
 from specbench.decoding.cached_lm import CachedLM, fit_vocabulary
-from specbench.disco.extract import extract_prompt
 from specbench.errors import ConfigError
 from specbench.methods.disco import DiscoClassifier, DiscoSL, disco_features
 from specbench.methods.greedy import Greedy
 from specbench.methods.hf_assisted import HFAssisted
 from specbench.methods.speculative import SpeculativeDecoding
 from specbench.models.pair import ModelPair
+from specbench.training.disco.extract import extract_prompt
 
 from .conftest import TEST_DEVICE
 from .test_equivalence import pair_for

@@ -11,14 +11,14 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from specbench.disco.extract import extract_prompt
-from specbench.disco.tables import improvement, oracle_statistics
-from specbench.disco.train import evaluate, f1_score, train_classifier
-from specbench.disco.tune import best_candidate, grid
 from specbench.errors import ConfigError
 from specbench.methods.disco import DiscoClassifier, DiscoSL, disco_features, load_classifier, save_classifier
 from specbench.methods.sl_policies import PerplexitySL
 from specbench.methods.speculative import SpeculativeDecoding
+from specbench.training.disco.extract import extract_prompt
+from specbench.training.disco.tables import improvement, oracle_statistics
+from specbench.training.disco.train import evaluate, f1_score, train_classifier
+from specbench.training.disco.tune import best_candidate, grid
 
 from .conftest import ROOT
 from .test_equivalence import cases, greedy_reference, pair_for
@@ -79,7 +79,7 @@ def test_soft_tv_labels_train():
 
 
 def test_missing_or_bad_classifier_is_named(tmp_path):
-    with pytest.raises(ConfigError, match="method.policy.classifier.*python -m specbench.disco"):
+    with pytest.raises(ConfigError, match="method.policy.classifier.*python -m specbench.training.disco"):
         DiscoSL(classifier=None)
     with pytest.raises(ConfigError, match="method.policy.classifier.*no classifier file"):
         DiscoSL(classifier=tmp_path / "nope.pt")
@@ -182,7 +182,8 @@ def test_perplexity_policy_emits_greedy_tokens(case, threshold, sl_max):
 
 
 def run_disco(tmp_path, data_file, *overrides, check=True):
-    args = [sys.executable, "-m", "specbench.disco", "disco.model=tiny_llama", f"disco.out_dir={tmp_path / 'disco'}",
+    args = [sys.executable, "-m", "specbench.training.disco", "disco.model=tiny_llama",
+            f"disco.out_dir={tmp_path / 'disco'}",
             f"+disco.runner.records_dir={tmp_path / 'records'}", "+disco.runner.progress=false",
             f"hydra.run.dir={tmp_path / 'hydra'}", "disco.partition.sizes={train: 10, validation: 4, test: 4}",
             "disco.max_new_tokens=16", "disco.tuning.static_gamma=[2,5]", "disco.tuning.disco_threshold=[0.5,0.9]",
@@ -254,7 +255,7 @@ def test_pipeline_stage_order_and_hub_only_splits_fail_with_clear_errors(tmp_pat
     assert proc.returncode == 2 and "stage=train first" in proc.stderr
     proc = run_disco(tmp_path, data_file, "stage=sideways", check=False)
     assert proc.returncode == 2 and "stage" in proc.stderr and "extract" in proc.stderr
-    hub = subprocess.run([sys.executable, "-m", "specbench.disco", "disco=mbpp", "disco.model=tiny_llama",
+    hub = subprocess.run([sys.executable, "-m", "specbench.training.disco", "disco=mbpp", "disco.model=tiny_llama",
                           f"disco.out_dir={tmp_path / 'd2'}", f"hydra.run.dir={tmp_path / 'hydra'}"],
                          cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert hub.returncode == 2 and "google-research-datasets/mbpp" in hub.stderr and "data.path" in hub.stderr

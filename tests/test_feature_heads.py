@@ -11,14 +11,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from specbench.decoding.cached_lm import CachedLM, FeatureLM
+from specbench.decoding.dynamic_tree import HeadTree
 from specbench.decoding.proposal import StepContext
 from specbench.decoding.sampling import Sampler
 from specbench.errors import ConfigError
-from specbench.heads.artifact import load_head, save_head
-from specbench.heads.dynamic_tree import HeadTree
-from specbench.heads.model import DraftHead, HeadCache, HeadConfig, TargetParts, stream_mask
 from specbench.methods.feature_head import FeatureHeadMethod
 from specbench.methods.greedy import Greedy
+from specbench.models.draft_head import DraftHead, HeadCache, HeadConfig, TargetParts, stream_mask
+from specbench.models.head_artifact import load_head, save_head
 from specbench.models.tiny import build_tiny_pair
 
 from .conftest import TEST_DEVICE
@@ -96,7 +96,7 @@ def test_target_features_are_the_final_norm_hidden_states_and_logits_are_lm_head
 # -- the dynamic tree ------------------------------------------------------------------------------------------------
 
 def proposer(pair, directory, kind="eagle", top_k=3, depth=3, max_nodes=8, **options):
-    from specbench.heads.artifact import load_local
+    from specbench.models.head_artifact import load_local
     artifact = load_local(random_head(pair, kind, directory, **options))
     parts = TargetParts.of(pair.target, artifact.draft_ids)
     return HeadTree(artifact.build(device=pair.device), parts, top_k, depth, max_nodes)
@@ -224,7 +224,8 @@ def test_a_missing_head_fails_before_the_pair_is_read(tmp_path):
 
         def __getattr__(self, attr):
             raise AssertionError(f"read {attr}")
-    with pytest.raises(ConfigError, match=r"^method\.head: no trained head at .*nowhere.*python -m specbench\.heads"):
+    with pytest.raises(ConfigError,
+                       match=r"^method\.head: no trained head at .*nowhere.*python -m specbench\.training\.heads"):
         FeatureHeadMethod(Unloaded(), "griffin", kind="griffin", head=str(tmp_path / "nowhere"))
     with pytest.raises(ConfigError, match=r"^method\.head: needs the griffin head"):
         FeatureHeadMethod(Unloaded(), "griffin", kind="griffin", head=None)

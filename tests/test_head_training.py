@@ -1,6 +1,6 @@
 """Training draft heads: extraction (features of the target's own answers, resumable), the losses and TAT passes,
 stages that resume and refuse to start without their predecessor, and the pipeline end to end on a tiny pair
-(``python -m specbench.heads`` in-process, then ``method=griffin`` decoding with what it trained)."""
+(``python -m specbench.training.heads`` in-process, then ``method=griffin`` decoding with what it trained)."""
 from __future__ import annotations
 
 import json
@@ -14,13 +14,13 @@ from hydra import compose, initialize_config_dir
 from specbench import benchmark
 from specbench.decoding.cached_lm import FeatureLM
 from specbench.errors import ConfigError
-from specbench.heads.extract import (answer_eos, extract, generate_with_features, load_sequences,
-                                     prefill_with_features, with_answer)
-from specbench.heads.model import DraftHead, HeadConfig, TargetParts
-from specbench.heads.pipeline import HeadPipeline, comparable, stage_identity
-from specbench.heads.train import (Stage, StageRun, TrainSettings, batches, draft_vocabulary, flushed_denormals,
-                                   pass_losses, target_to_draft)
+from specbench.models.draft_head import DraftHead, HeadConfig, TargetParts
 from specbench.models.tiny import build_tiny_pair
+from specbench.training.heads.extract import (answer_eos, extract, generate_with_features, load_sequences,
+                                              prefill_with_features, with_answer)
+from specbench.training.heads.pipeline import HeadPipeline, comparable, stage_identity
+from specbench.training.heads.train import (Stage, StageRun, TrainSettings, batches, draft_vocabulary,
+                                            flushed_denormals, pass_losses, target_to_draft)
 
 from .conftest import ROOT, TEST_DEVICE
 

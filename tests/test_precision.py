@@ -57,7 +57,7 @@ def test_packed_linear_matches_torch_up_to_bf16_rounding():
 
 @pytest.mark.skipif(not precision_module.packed_linear_available(), reason="no oneDNN packed linear in this torch")
 def test_a_packed_linears_weight_reads_back_exactly_without_its_bias():
-    from specbench.heads.model import linear_weight
+    from specbench.models.draft_head import linear_weight
     torch.manual_seed(0)
     linear = torch.nn.Linear(64, 48).to(torch.bfloat16)
     torch.nn.init.normal_(linear.bias, std=1.0)

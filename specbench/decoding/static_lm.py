@@ -71,7 +71,7 @@ class Block:
 
 
 class BucketedForward:
-    """What static execution shares between a model (StaticModel) and a draft head (heads/head_runner.py): the
+    """What static execution shares between a model (StaticModel) and a draft head (decoding/head_runner.py): the
     buckets, one Block each, the capacity of the cache, capture, and staging a forward's inputs. A subclass
     says how its cache is allocated and grown and what the forward computes over a Block."""
 

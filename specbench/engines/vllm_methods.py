@@ -63,7 +63,7 @@ def feature_head(method: dict, files: ModelFiles) -> dict:
     """method=eagle: vLLM's EAGLE with a published head (Hugging Face id or its downloaded directory)."""
     from pathlib import Path
 
-    from ..heads.artifact import CONFIG_FILE
+    from ..models.head_artifact import CONFIG_FILE
 
     require(method.get("kind", "eagle") == "eagle", "method.kind",
             "vLLM has no GRIFFIN drafting; method=griffin runs with engine=hf")

@@ -6,7 +6,7 @@ Right after the draft proposes d_i from its distribution y_i^D, a 2-layer FFN gi
 
 that the target accepts d_i; the draft stops (and the target verifies) when C_i < τ, and never drafts more
 than SL_max tokens. Verification is unchanged, so the output is exactly greedy's at temperature 0 whatever
-the classifier says. Training, F1, and the tuning of τ and SL_max live in ``specbench.disco``.
+the classifier says. Training, F1, and the tuning of τ and SL_max live in ``specbench.training.disco``.
 
 Classifier artifacts are ``classifier-<sha256 prefix>.pt`` files (the hash of the weights, so a path
 names one classifier for good), written by ``save_classifier`` with a JSON sidecar describing how they
@@ -87,7 +87,7 @@ def save_classifier(classifier: DiscoClassifier, directory: Path, metadata: dict
 def load_classifier(path: str | Path, key: str = "method.policy.classifier") -> DiscoClassifier:
     path = Path(path).expanduser()
     if not path.is_file():
-        raise ConfigError(f"{key}: no classifier file at '{path}'; train one with `python -m specbench.disco "
+        raise ConfigError(f"{key}: no classifier file at '{path}'; train one with `python -m specbench.training.disco "
                           "disco=<experiment>` (it prints the path) or give the path of a classifier-<hash>.pt")
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True)
@@ -111,7 +111,7 @@ class DiscoSL(StaticSL):
         super().__init__(positive_int(sl_max, "method.policy.sl_max", "most draft tokens per step, SL_max"))
         require(classifier is not None, "method.policy.classifier",
                 "DISCO needs a trained classifier: set it to the classifier-<hash>.pt path that "
-                "`python -m specbench.disco` printed (see docs/disco.md)")
+                "`python -m specbench.training.disco` printed (see docs/disco.md)")
         require(isinstance(threshold, (int, float)) and 0 <= threshold <= 1, "method.policy.threshold",
                 f"must be a probability τ in [0, 1], got {threshold!r}")
         self.classifier = classifier if isinstance(classifier, DiscoClassifier) else load_classifier(classifier)

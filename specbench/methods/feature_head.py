@@ -1,9 +1,9 @@
-"""``method=eagle`` / ``method=griffin``: a feature-level draft head (EAGLE's or GRIFFIN's, heads/model.py)
-drafting EAGLE-2 dynamic trees (heads/dynamic_tree.py) that the target verifies on the shared loop.
+"""``method=eagle`` / ``method=griffin``: a feature-level draft head (EAGLE's or GRIFFIN's, models/draft_head.py)
+drafting EAGLE-2 dynamic trees (decoding/dynamic_tree.py) that the target verifies on the shared loop.
 
 The target runs as a FeatureLM (its forwards also keep its last hidden states, the features the head reads).
 No draft model: ``model`` may be a pair without one. The head comes from ``method.head``: a directory
-written by ``python -m specbench.heads`` (our EAGLE / GRIFFIN heads) or a published EAGLE-format head's
+written by ``python -m specbench.training.heads`` (our EAGLE / GRIFFIN heads) or a published EAGLE-format head's
 Hugging Face id; a head made for another target (hidden size or vocabulary) is refused when
 the pair loads, a missing one before.
 """
@@ -11,13 +11,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..decoding.dynamic_tree import HeadTree
+from ..decoding.head_runner import EagerHeadRunner, StaticHead, StaticHeadRunner
 from ..decoding.loop import speculative_generate
 from ..errors import require
-from ..heads.artifact import CONFIG_FILE, load_head, looks_like_hub_id, missing
-from ..heads.dynamic_tree import HeadTree
-from ..heads.head_runner import EagerHeadRunner, StaticHead, StaticHeadRunner
-from ..heads.model import HeadConfig, TargetParts
 from ..models.cpu_linear import apply_linear_kernel
+from ..models.draft_head import HeadConfig, TargetParts
+from ..models.head_artifact import CONFIG_FILE, load_head, looks_like_hub_id, missing
 from ..errors import positive_int
 from .base import NoTimeline, ProposerMethod
 
@@ -39,8 +39,8 @@ class FeatureHeadMethod(ProposerMethod):
         self.depth = positive_int(depth, "method.depth", "tree depth D: head forwards per step")
         self.max_nodes = positive_int(max_nodes, "method.max_nodes", "most tree nodes per step")
         require(isinstance(head, str) and head.strip() != "", "method.head",
-                f"needs the {kind} head to draft with: a directory from `python -m specbench.heads head={kind}` "
-                "(make heads) or a published head's Hugging Face id")
+                f"needs the {kind} head to draft with: a directory from "
+                f"`python -m specbench.training.heads head={kind}` (make heads) or a published head's Hugging Face id")
         if not looks_like_hub_id(head) and not (Path(head).expanduser() / CONFIG_FILE).is_file():
             raise missing(Path(head).expanduser(), "method.head")
         self.head_source, self.local_files_only = head, local_files_only
@@ -65,7 +65,7 @@ class FeatureHeadMethod(ProposerMethod):
         return HeadTree(self.head_runner(), self.parts, self.top_k, self.depth, self.max_nodes)
 
     def head_runner(self):
-        """The head's forwards in the pair's execution mode (heads/head_runner.py)."""
+        """The head's forwards in the pair's execution mode (decoding/head_runner.py)."""
         if not self.pair.execution.static:
             return EagerHeadRunner(self.head, self.parts)
         static = self.pair.static_for(f"head:{self.name}:{id(self.head)}", lambda **settings: StaticHead(

@@ -1,4 +1,4 @@
-"""DISCO's tables come from its pipeline (python -m specbench.disco), whose test stage measures every Table 1
+"""DISCO's tables come from its pipeline (python -m specbench.training.disco), whose test stage measures every Table 1
 row as an ordinary run and writes table1.csv / oracle_sl.json / classifier.json. This turns those files into
 table entries: experiment.disco lists the pipeline experiments (conf/disco/<name>), experiment.disco_table
 says which table (table1 | table3 | table5), experiment.disco_overrides (optional) are applied to each
@@ -10,8 +10,8 @@ import json
 
 from hydra import compose
 
-from ..disco.pipeline import output_dirs
-from ..disco.tables import TABLE1_PLAN
+from ..training.disco.pipeline import output_dirs
+from ..training.disco.tables import TABLE1_PLAN
 from ..errors import ConfigError
 from .tables import Entry
 
@@ -28,7 +28,7 @@ def disco_entries(spec, extras: dict) -> list[Entry]:
         pair = compose("config", overrides=[f"model={d.model}"]).model.name
         keys = {"data.name": d.splits.test.data, "model.name": pair}
         base, out = output_dirs(d)
-        todo = f"not run yet: python -m specbench.disco disco={name}"
+        todo = f"not run yet: python -m specbench.training.disco disco={name}"
         if table == "table1":
             path = out / "table1.csv"
             if not path.exists():

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from matplotlib.figure import Figure  # no pyplot: no global backend state, safe in notebooks and workers
 
-from ..disco.tables import oracle_statistics
+from ..training.disco.tables import oracle_statistics
 from ..metrics import acceptance_by_position
 from .paper import canonical, match_stats
 from .tables import METRICS, Metric, column_keys_of, label_for, row_keys_of

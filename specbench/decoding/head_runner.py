@@ -15,9 +15,9 @@ from typing import Sequence
 
 import torch
 
-from ..decoding.static_lm import Block, BucketedForward
-from ..decoding.token_tree import tree_inputs, tree_layout
-from .model import DraftHead, HeadCache, TargetParts
+from ..models.draft_head import DraftHead, HeadCache, TargetParts
+from .static_lm import Block, BucketedForward
+from .token_tree import tree_inputs, tree_layout
 
 
 class EagerHeadRunner:

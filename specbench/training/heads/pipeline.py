@@ -1,8 +1,8 @@
 """The draft-head pipeline: extract → train (every stage) → evaluate, resumable, one head per ``head=`` config.
 
-    python -m specbench.heads head=griffin              # every stage (make heads)
-    python -m specbench.heads head=eagle stage=train    # one stage; earlier outputs are reused
-    python -m specbench.heads head=griffin stage=train train_stage=2   # one TAT stage (stage 1 must exist)
+    python -m specbench.training.heads head=griffin              # every stage (make heads)
+    python -m specbench.training.heads head=eagle stage=train    # one stage; earlier outputs are reused
+    python -m specbench.training.heads head=griffin stage=train train_stage=2   # one TAT stage (stage 1 must exist)
 
 Outputs under <out_dir>/<model name>/:
 
@@ -31,18 +31,18 @@ import torch
 from hydra import compose
 from omegaconf import DictConfig, OmegaConf
 
-from .. import components
-from ..errors import ConfigError, require
-from .artifact import CONFIG_FILE, WEIGHTS_FILE, load_local, save_head
+from ... import components
+from ...errors import ConfigError, require
+from ...models.draft_head import DraftHead, HeadConfig, TargetParts, parameter_count
+from ...models.head_artifact import CONFIG_FILE, WEIGHTS_FILE, load_local, save_head
 from .extract import extract, load_sequences
-from .model import DraftHead, HeadConfig, TargetParts, parameter_count
 from .sharegpt import package_file, training_conversations
 from .train import (StageRun, TrainSettings, check_predecessor, draft_vocabulary, evaluate, flushed_denormals,
                     keep_freed_memory, split, target_to_draft, write_json)
 
 STAGES = ("extract", "train", "evaluate")
 ANSWERS = ("target", "dataset")  # data.answers: the target's greedy regeneration, or the conversations' replies
-INITS = ("random", "target_layer")  # head.init: noise, or the target's last decoder layer (model.init_from_target)
+INITS = ("random", "target_layer")  # head.init: noise, or the target's last decoder layer (DraftHead.init_from_target)
 
 
 # options added after data and heads were first made, at the value everything had before them: left out of the

@@ -309,7 +309,7 @@ class TargetParts:
 
     def __init__(self, embed_weight: torch.Tensor, lm_head_weight: torch.Tensor, draft_ids: torch.Tensor | None,
                  linear_kernel: str = "torch"):
-        from ..models.cpu_linear import apply_linear_kernel
+        from .cpu_linear import apply_linear_kernel
 
         self.embed_weight = embed_weight
         self.draft_ids = None if draft_ids is None else draft_ids.to(embed_weight.device)  # indexed by draft picks

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import torch
 
-from ..errors import require
-from ..methods.disco import disco_features
-from ..methods.greedy import Greedy
-from ..records import RecordStore
+from ...errors import require
+from ...methods.disco import disco_features
+from ...methods.greedy import Greedy
+from ...records import RecordStore
 
 
 def teacher_forced_logits(pair, role: str, prompt_ids: list[int], tokens: list[int]) -> torch.Tensor:

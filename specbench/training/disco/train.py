@@ -10,8 +10,8 @@ from __future__ import annotations
 import torch
 from torch.nn import functional as F
 
-from ..errors import require
-from ..methods.disco import DiscoClassifier
+from ...errors import require
+from ...methods.disco import DiscoClassifier
 
 LABELS = ("agreement", "tv")
 

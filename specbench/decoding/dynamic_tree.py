@@ -23,9 +23,9 @@ from __future__ import annotations
 
 import torch
 
-from ..decoding.proposal import Proposal, Step, StepContext
+from ..models.draft_head import DraftHead, TargetParts
 from .head_runner import EagerHeadRunner
-from .model import DraftHead, TargetParts
+from .proposal import Proposal, Step, StepContext
 
 
 class HeadTree:

@@ -23,8 +23,8 @@ from pathlib import Path
 import torch
 
 from ..errors import ConfigError
-from ..models.files import sha256_of as sha256_file
-from .model import DraftHead, HeadConfig
+from .files import sha256_of as sha256_file
+from .draft_head import DraftHead, HeadConfig
 
 CONFIG_FILE, WEIGHTS_FILE = "head.json", "head.safetensors"
 
@@ -74,13 +74,14 @@ class HeadArtifact:
         problem = self.config.mismatch(model_config)
         if problem:
             raise ConfigError(f"{key}: {self.source} was made for another target ({problem}); train one for this "
-                              "target with `python -m specbench.heads model=<this pair>` or pick a head made for it")
+                              "target with `python -m specbench.training.heads model=<this pair>` or pick a head made "
+                              "for it")
 
 
 def missing(directory: Path, key: str) -> ConfigError:
     return ConfigError(f"{key}: no trained head at {directory} (expected {CONFIG_FILE} and {WEIGHTS_FILE}); train one "
-                       "with `python -m specbench.heads head=<conf/head name>` (make heads trains eagle and griffin), "
-                       "or name a published head's Hugging Face id")
+                       "with `python -m specbench.training.heads head=<conf/head name>` (make heads trains eagle and "
+                       "griffin), or name a published head's Hugging Face id")
 
 
 def load_local(directory: Path, key: str = "method.head") -> HeadArtifact:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import itertools
 
-from ..errors import require
+from ...errors import require
 
 
 def grid(axes: dict[str, list]) -> list[dict]:

@@ -28,7 +28,7 @@ from typing import Sequence
 
 import torch
 
-from ..errors import ConfigError
+from ...errors import ConfigError
 
 MANIFEST, IDENTITY = "manifest.jsonl", "data.json"
 
@@ -172,7 +172,7 @@ def load_sequences(directory: Path) -> list[dict]:
     path = Path(directory) / MANIFEST
     if not path.exists():
         raise ConfigError(f"heads: no extracted data in {directory} ({MANIFEST} missing); run the extract stage "
-                          "first (python -m specbench.heads stage=extract)")
+                          "first (python -m specbench.training.heads stage=extract)")
     rows = []
     for line in path.read_text().splitlines():
         if line.strip():

@@ -1,6 +1,6 @@
 """The DISCO pipeline (Mamou et al. 2024): extract → train → tune → test, one experiment per conf/disco/*.yaml.
 
-    python -m specbench.disco disco=<experiment> [stage=extract|train|tune|test|all]
+    python -m specbench.training.disco disco=<experiment> [stage=extract|train|tune|test|all]
 
 Every stage reads what the earlier ones wrote and skips finished work, so a stage can be re-run alone and
 an interrupted run resumes. Outputs go to <out_dir>/<model>/<name>/:
@@ -25,11 +25,11 @@ from pathlib import Path
 from hydra import compose
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from .. import benchmark, components
-from ..errors import ConfigError, require
-from ..methods.disco import load_classifier, save_classifier
-from ..records import run_key, slug, write_json
-from ..schema import SCHEMA_VERSION
+from ... import benchmark, components
+from ...errors import ConfigError, require
+from ...methods.disco import load_classifier, save_classifier
+from ...records import run_key, slug, write_json
+from ...schema import SCHEMA_VERSION
 from . import tables
 from .extract import extract_split, feature_table
 from .train import evaluate, train_classifier
