@@ -4,7 +4,9 @@ the run's identity (``spec_for``), threads, and the checks that must pass before
 engine and no entry point (tests/test_imports.py)."""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from hydra.errors import InstantiationException
 from hydra.utils import get_object, instantiate
@@ -17,6 +19,7 @@ from .models.head_artifact import recorded_sha256
 from .records import run_key
 from .schema import SCHEMA_VERSION
 from .runner import RunSpec
+from .scoring.sandbox import protect_path
 
 
 def build(node: DictConfig, key: str, **kwargs):
@@ -73,6 +76,33 @@ def spec_for(cfg: DictConfig, method_cfg: DictConfig, engine=None) -> RunSpec:
         identity.update(engine_identity)
     return RunSpec(key=run_key(identity), method=method_cfg.name, pair=cfg.model.name, data=cfg.data.name,
                    records_dir=Path(cfg.runner.records_dir))
+
+
+@dataclass
+class RunInputs:
+    """What every engine's ``measure`` starts from, set up the same way for each (before any model loads)."""
+
+    threads: int          # resolved: runner.threads, or the cores this process may use
+    dataset: Any          # the built data node (examples, warm-up example, scorer, chat template, budget)
+    examples: list
+    warmup_example: Any
+    base_spec: RunSpec    # the baseline's run (the same engine without speculation)
+    sampling: dict
+    config: dict          # what every record carries (record_config)
+    tracker: Any          # the built logger, or None
+
+
+def run_inputs(cfg: DictConfig, engine=None) -> RunInputs:
+    """Threads, the records protected from sandboxed code, the dataset, the baseline's run, the records' config and
+    the tracker: the setup every engine's ``measure`` shares (each then checks the resolution with its own
+    precision, loads and runs)."""
+    threads = resolved_threads(cfg)
+    protect_path(cfg.runner.records_dir)  # sandboxed model-written code may not read the records
+    dataset = build(cfg.data, "data")
+    return RunInputs(threads=threads, dataset=dataset, examples=dataset.examples(),
+                     warmup_example=dataset.warmup_example(), base_spec=spec_for(cfg, cfg.baseline, engine),
+                     sampling=OmegaConf.to_container(cfg.sampling, resolve=True), config=record_config(cfg),
+                     tracker=build(cfg.logger, "logger") if cfg.get("logger") else None)
 
 
 def record_config(cfg: DictConfig) -> dict:

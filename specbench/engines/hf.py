@@ -4,12 +4,11 @@ from __future__ import annotations
 import sys
 
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 from transformers.utils import logging as transformers_logging
 
 from .. import components  # components.build(...) through the module: tests guard what it builds
-from ..components import (check_resolution, needs_draft_model, pairing_mode, record_config, resolved_threads,
-                          spec_for)
+from ..components import check_resolution, needs_draft_model, pairing_mode, run_inputs
 from ..costs import run_bound
 from ..errors import require
 from ..lossless import LosslessCheck
@@ -17,7 +16,6 @@ from ..metrics import one_per_prompt
 from ..models.precision import precision_of_config
 from ..runner import Entry, Runner, RunSpec
 from .loops import LoopBackend
-from ..scoring.sandbox import protect_path
 from ..summaries import finish
 
 
@@ -49,20 +47,16 @@ class HfEngine:
 
 def measure(cfg: DictConfig, spec: RunSpec, pair=None) -> dict:
     """One benchmark on our loops: load (unless ``pair`` is given), run the rounds, bound, summarise."""
-    threads = resolved_threads(cfg)
+    inputs = run_inputs(cfg)
+    threads, dataset, base_spec, sampling, config, tracker = (inputs.threads, inputs.dataset, inputs.base_spec,
+                                                               inputs.sampling, inputs.config, inputs.tracker)
+    examples, warmup_example = inputs.examples, inputs.warmup_example
     torch.set_num_threads(threads)
-    protect_path(cfg.runner.records_dir)  # sandboxed model-written code may not read the records
-    dataset = components.build(cfg.data, "data")
-    examples, warmup_example = dataset.examples(), dataset.warmup_example()
-    base_spec = spec_for(cfg, cfg.baseline)
     check_resolution([spec, base_spec], examples, precision_of_config(cfg.model), threads)
     if not cfg.runner.progress:
         transformers_logging.disable_progress_bar()  # the weight-loading bars too
     if pair is None:
         pair = components.build(cfg.model, "model", **({} if needs_draft_model(cfg) else {"load_draft": False}))
-    sampling = OmegaConf.to_container(cfg.sampling, resolve=True)
-    tracker = components.build(cfg.logger, "logger") if cfg.get("logger") else None
-    config = record_config(cfg)
     exact = sampling["temperature"] == 0
     backend = LoopBackend(pair, dataset.max_new_tokens, warmup=cfg.runner.warmup,
                           warmup_max_new_tokens=cfg.runner.warmup_max_new_tokens, seed=sampling["seed"],

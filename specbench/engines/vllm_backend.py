@@ -99,20 +99,18 @@ class VllmBackend:
 
 def measure(engine, cfg: DictConfig, spec) -> dict:
     """One benchmark on vLLM: locate the pair's files, start the engine(s), run the rounds, summarise."""
-    from ..components import build, check_resolution, record_config, resolved_threads, spec_for
+    from ..components import check_resolution, run_inputs
     from ..summaries import finish
     from ..models.precision import Precision
-    from ..scoring.sandbox import protect_path
     from .checkpoints import PromptCodec, locate
     from .vllm_lossless import VllmLosslessCheck
     from .vllm_methods import speculative_config
 
-    threads = resolved_threads(cfg)
-    protect_path(cfg.runner.records_dir)
-    dataset = build(cfg.data, "data")
-    examples, warmup_example = dataset.examples(), dataset.warmup_example()
+    inputs = run_inputs(cfg, engine)
+    threads, dataset, base_spec, sampling, config, tracker = (inputs.threads, inputs.dataset, inputs.base_spec,
+                                                               inputs.sampling, inputs.config, inputs.tracker)
+    examples, warmup_example = inputs.examples, inputs.warmup_example
     model = OmegaConf.to_container(cfg.model, resolve=True)
-    base_spec = spec_for(cfg, cfg.baseline, engine)
     device = engine.resolved_device()
     files = locate(model)
     dtype = engine.resolved_dtype(files)
@@ -120,7 +118,6 @@ def measure(engine, cfg: DictConfig, spec) -> dict:
                           linear_kernel="vllm", device=device)
     check_resolution([spec, base_spec], examples, precision, threads)
     codec = PromptCodec.load(files, model)
-    sampling = OmegaConf.to_container(cfg.sampling, resolve=True)
     method_cfg = OmegaConf.to_container(cfg.method, resolve=True)
     is_baseline = base_spec.key == spec.key
     print(f"[specbench] engine vllm {engine.version} on {device}: starting the "
@@ -138,8 +135,6 @@ def measure(engine, cfg: DictConfig, spec) -> dict:
     if sampling["temperature"] == 0 and not is_baseline:
         lossless = VllmLosslessCheck(base, codec, {"files": files, "engine": OmegaConf.to_container(cfg.engine),
                                                     "threads": threads, "vllm": engine.version, "device": device})
-    tracker = build(cfg.logger, "logger") if cfg.get("logger") else None
-    config = record_config(cfg)
     backend = VllmBackend(codec, dataset.max_new_tokens, cfg.runner.batch_size, sampling, warmup=cfg.runner.warmup,
                           warmup_max_new_tokens=cfg.runner.warmup_max_new_tokens, config=config,
                           chat=dataset.chat_template, env=env)
