@@ -188,17 +188,12 @@ class Runner:
         for position, j in enumerate(order):
             for k, m in enumerate(measured[j]):
                 m.record.pairing = {"mode": "interleaved" if round_id else "separate",
-                                       "round": f"{round_id}:{k}" if round_id and self.backend.batched else round_id,
-                                       "session": SESSION, "position": position, "size": len(order)}
+                                    "round": f"{round_id}:{k}" if round_id and self.backend.batched else round_id,
+                                    "session": SESSION, "position": position, "size": len(order)}
         if self.lossless is not None:
             for j in members:
-                if (j == 0 and round_id) or not self.backend.classifies(entries[j]):
-                    continue
-                for (_, example), m, base in zip(prompts, measured[j], measured[0] if round_id else
-                                                 [None] * len(prompts)):
-                    against = base.record if base else first_repeat(reference or [], example.id)
-                    if against is not None:
-                        m.record.lossless = classify_record(self.lossless, m.prompts, m.record, against)
+                if j > 0 or not round_id:  # the paired baseline is what the others are checked against
+                    self.check(entries[j], prompts, measured[j], measured[0] if round_id else None, reference)
         out = {}
         for j in sorted(members):  # the baseline (0) first: a method record never points at a missing round
             recs = [m.record for m in measured[j]]
@@ -213,6 +208,17 @@ class Runner:
                     self.tracker.log_record(record)
             out[j] = recs
         return out
+
+    def check(self, entry: Entry, prompts: Round, measured: list[Measurement],
+              baseline: list[Measurement] | None, reference: list[RunRecord] | None) -> None:
+        """Each record's losslessness verdict against the baseline's record of its round, or (timed alone) the
+        first repeat of its prompt in ``reference``; none where the backend does not check this entry."""
+        if not self.backend.classifies(entry):
+            return
+        for k, ((_, example), m) in enumerate(zip(prompts, measured)):
+            against = baseline[k].record if baseline else first_repeat(reference or [], example.id)
+            if against is not None:
+                m.record.lossless = classify_record(self.lossless, m.prompts, m.record, against)
 
 
 def prompt_of(messages: list[dict], conversation: bool):
