@@ -12,7 +12,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from .environment import available_cores
 from .errors import ConfigError, require
-from .heads.artifact import recorded_sha256
+from .heads.artifact import located, recorded_sha256
 from .models.execution import model_identity
 from .records import SCHEMA_VERSION, run_key
 from .runner import RunSpec
@@ -49,7 +49,7 @@ def spec_for(cfg: DictConfig, method_cfg: DictConfig, engine=None) -> RunSpec:
     """
     data = OmegaConf.to_container(cfg.data, resolve=True)
     data.pop("limit", None)
-    method = OmegaConf.to_container(method_cfg, resolve=True)
+    method = located(OmegaConf.to_container(method_cfg, resolve=True))  # a head named by its name: by its path
     head_sha256 = recorded_sha256(method)  # a trained draft head's weights (method=eagle / griffin)
     if head_sha256:
         method["head_sha256"] = head_sha256
@@ -65,7 +65,7 @@ def spec_for(cfg: DictConfig, method_cfg: DictConfig, engine=None) -> RunSpec:
         "sampling": OmegaConf.to_container(cfg.sampling, resolve=True),
         "threads": cfg.runner.threads,
     }
-    if method != OmegaConf.to_container(cfg.baseline, resolve=True):
+    if method != located(OmegaConf.to_container(cfg.baseline, resolve=True)):
         identity["pairing"] = pairing_mode(cfg)
     engine_identity = engine.identity(cfg)
     if engine_identity:  # engine=hf adds nothing: runs measured before engines existed keep their keys

@@ -11,7 +11,7 @@ from .. import components  # components.build(...) through the module: tests gua
 from ..components import check_resolution, needs_draft_model, pairing_mode, resolved_threads, spec_for
 from ..costs import run_bound
 from ..errors import require
-from ..heads.artifact import recorded_sha256
+from ..heads.artifact import located, recorded_sha256
 from ..lossless import LosslessCheck
 from ..metrics import one_per_prompt
 from ..models.precision import precision_of_config
@@ -62,6 +62,7 @@ def measure(cfg: DictConfig, spec: RunSpec, pair=None) -> dict:
     sampling = OmegaConf.to_container(cfg.sampling, resolve=True)
     tracker = components.build(cfg.logger, "logger") if cfg.get("logger") else None
     config = OmegaConf.to_container(cfg, resolve=True)
+    config["method"], config["baseline"] = located(config["method"]), located(config["baseline"])  # as spec_for
     head_sha256 = recorded_sha256(config["method"])
     if head_sha256:  # every record names the trained head it drafted with
         config["method"]["head_sha256"] = head_sha256

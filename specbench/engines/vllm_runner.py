@@ -169,6 +169,7 @@ class BatchRunner:
 def measure(engine, cfg: DictConfig, spec) -> dict:
     """One benchmark on vLLM: locate the pair's files, start the engine(s), run the rounds, summarise."""
     from ..components import build, check_resolution, resolved_threads, spec_for
+    from ..heads.artifact import located
     from ..summaries import finish
     from ..models.precision import Precision
     from ..scoring.sandbox import protect_path
@@ -209,6 +210,7 @@ def measure(engine, cfg: DictConfig, spec) -> dict:
                                                     "threads": threads, "vllm": engine.version, "device": device})
     tracker = build(cfg.logger, "logger") if cfg.get("logger") else None
     config = OmegaConf.to_container(cfg, resolve=True)
+    config["method"], config["baseline"] = located(config["method"]), located(config["baseline"])  # as spec_for
     runner = BatchRunner(codec, dataset.max_new_tokens, cfg.runner.batch_size, sampling, warmup=cfg.runner.warmup,
                          warmup_max_new_tokens=cfg.runner.warmup_max_new_tokens, repeats=cfg.runner.repeats,
                          progress=cfg.runner.progress, config=config, scorer=dataset.scorer,
