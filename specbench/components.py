@@ -14,8 +14,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from .environment import available_cores
 from .errors import ConfigError, require
+from .models.head_artifact import located, recorded_sha256
 from .models.execution import model_identity
-from .models.head_artifact import recorded_sha256
 from .records import run_key
 from .schema import SCHEMA_VERSION
 from .runner import RunSpec
@@ -53,7 +53,7 @@ def spec_for(cfg: DictConfig, method_cfg: DictConfig, engine=None) -> RunSpec:
     """
     data = OmegaConf.to_container(cfg.data, resolve=True)
     data.pop("limit", None)
-    method = OmegaConf.to_container(method_cfg, resolve=True)
+    method = located(OmegaConf.to_container(method_cfg, resolve=True))  # a head named by its name: by its path
     head_sha256 = recorded_sha256(method)  # a trained draft head's weights (method=eagle / griffin)
     if head_sha256:
         method["head_sha256"] = head_sha256
@@ -69,7 +69,7 @@ def spec_for(cfg: DictConfig, method_cfg: DictConfig, engine=None) -> RunSpec:
         "sampling": OmegaConf.to_container(cfg.sampling, resolve=True),
         "threads": cfg.runner.threads,
     }
-    if method != OmegaConf.to_container(cfg.baseline, resolve=True):
+    if method != located(OmegaConf.to_container(cfg.baseline, resolve=True)):
         identity["pairing"] = pairing_mode(cfg)
     engine_identity = engine.identity(cfg)
     if engine_identity:  # engine=hf adds nothing: runs measured before engines existed keep their keys
@@ -109,6 +109,7 @@ def record_config(cfg: DictConfig) -> dict:
     """The resolved config every record of the run carries, whichever engine measures it; a method drafting with
     a trained head also names the head's sha256 (``method.head_sha256``)."""
     config = OmegaConf.to_container(cfg, resolve=True)
+    config["method"], config["baseline"] = located(config["method"]), located(config["baseline"])  # as spec_for
     head_sha256 = recorded_sha256(config["method"])
     if head_sha256:
         config["method"]["head_sha256"] = head_sha256

@@ -8,8 +8,10 @@ from omegaconf import OmegaConf
 from specbench.components import build, needs_draft_model, spec_for
 from specbench.config_check import check_components, check_settings
 from specbench.errors import ConfigError
+from specbench.models.head_artifact import located, save_head
 from specbench.models.draft_head import DraftHead, HeadConfig
-from specbench.models.head_artifact import save_head
+from specbench.models.head_names import head_location
+from specbench.paper_tables import read_table
 
 from .conftest import ROOT, run_cli
 
@@ -108,7 +110,7 @@ def test_tiny_pairs_and_methods_instantiate(name, tmp_path):
             if name == "tiny_gpt2":  # a head drafts for Llama-family targets
                 continue
             config = HeadConfig.for_target(pair.target.config, node.kind)
-            save_head(node.head, DraftHead(config).init_weights(), None, {"test": True})
+            save_head(head_location(node.head, node.heads_dir), DraftHead(config).init_weights(), None, {"test": True})
         if node._target_ == "specbench.methods.engine_only.EngineMethod":  # vLLM's own methods (EAGLE, MTP ...)
             with pytest.raises(ConfigError, match=f"method={method}: runs only with engine=vllm"):
                 build(node, "method", pair=pair, temperature=0.0, top_p=1.0, seed=0)
@@ -179,16 +181,59 @@ def test_cli_bad_overrides_fail_with_the_key(tmp_path):
     assert not any(records.rglob("*.jsonl")), "a failed configuration must not write records"
 
 
-def test_paper_table7_presets_compose_and_build():
-    presets = sorted(p.stem for p in (CONF / "method" / "table7").glob("*.yaml"))
-    assert len(presets) == 36  # 12 (task, pair) rows x speculative / lookahead / ouroboros
+TABLE7 = "paper_hparams=ouroboros_table7"
+
+
+def test_every_ouroboros_table7_cell_composes_and_builds():
+    """Every cell of conf/paper/ouroboros_table7.yaml reaches the method it names, on its (data, model) pair."""
+    cells = read_table(CONF / "paper" / "ouroboros_table7.yaml")
+    assert len(cells) == 48  # 12 (task, pair) rows x speculative / lookahead / ouroboros, and Ouroboros† = ouroboros
     pair = build(composed("model=tiny_llama").model, "model")
-    for preset in presets:
-        cfg = composed(f"method=table7/{preset}").method
-        method = build(cfg, "method", pair=pair, temperature=0.0, top_p=1.0, seed=0)
-        assert method.name == preset.split("_")[0]
-    ouro = composed("method=table7/ouroboros_humaneval_yi_34b_6b").method
-    assert (ouro.gamma, ouro.window, ouro.beta, ouro.top_k, ouro.inspiration) == (12, 20, 8, 3, True)
+    for (data, model, method), values in cells.items():
+        cfg = composed(TABLE7, f"method={method}", f"data={data}", f"model={model}").method
+        assert {key: cfg[key] for key in values} == values and cfg.name == method
+        built = build(cfg, "method", pair=pair, temperature=0.0, top_p=1.0, seed=0)
+        assert built.name == method
+
+
+@pytest.mark.parametrize("method, data, model, expected", [  # Ouroboros Table 7, by hand from the paper
+    ("ouroboros", "humaneval", "yi_34b_6b", {"gamma": 12, "window": 20, "beta": 8, "top_k": 3}),
+    ("ouroboros_warm", "gsm8k", "llama2_chat_70b_7b", {"gamma": 6, "window": 17, "beta": 7, "top_k": 3}),
+    ("speculative", "wmt16", "yi_34b_6b", {"gamma": 2}),
+    ("speculative", "humaneval", "deepseek_coder_33b_7b", {"gamma": 3}),
+    ("lookahead", "wmt16", "llama2_chat_70b_7b", {"window": 18, "ngram": 7, "guesses": 18}),
+    ("lookahead", "humaneval", "codellama_34b_7b_instruct", {"window": 17, "ngram": 5, "guesses": 17}),
+    ("ouroboros", "mbpp", "codellama_34b_7b_instruct", {"gamma": 8, "window": 16, "beta": 7, "top_k": 3}),
+])
+def test_a_table7_cell_resolves_to_the_papers_numbers(method, data, model, expected):
+    node = OmegaConf.to_container(composed(TABLE7, f"method={method}", f"data={data}", f"model={model}").method,
+                                  resolve=True)
+    default = OmegaConf.to_container(composed(f"method={method}").method, resolve=True)
+    assert node == {**default, **expected}  # those keys, and nothing else, from the table
+
+
+def test_a_missing_table7_cell_is_an_error_naming_the_pairs_tasks():
+    with pytest.raises(ConfigCompositionException) as err:  # Llama-2 70b/7b has no HumanEval row in Table 7
+        composed(TABLE7, "method=ouroboros", "data=humaneval", "model=llama2_chat_70b_7b")
+    message = str(err.value)
+    assert "Could not find 'paper_hparams/ouroboros_table7/llama2_chat_70b_7b/ouroboros/humaneval'" in message
+    assert "\tcnndm\n\tgsm8k\n\twmt16\n" in message  # the tasks that pair has
+    with pytest.raises(ConfigCompositionException, match="paper_hparams/ouroboros_table7/yi_34b_6b/speculative/"
+                                                         "cnndm_specbench"):  # a subset is not the paper's task
+        composed("+experiment=ouroboros_table2", "method=speculative", "data=cnndm_specbench")
+    with pytest.raises(ConfigCompositionException, match="Could not find 'paper_hparams/ouroboros_tabel7'"):
+        composed("paper_hparams=ouroboros_tabel7")  # a table that does not exist: Hydra lists the ones that do
+
+
+def test_a_malformed_table_is_refused_naming_the_file_and_key(tmp_path):
+    path = tmp_path / "t.yaml"
+    path.write_text("cells: {gsm8k: {yi_34b_6b: {speculative: {gamma: [7]}}}}\n")
+    with pytest.raises(ConfigError, match=r"t\.yaml: cells\.gsm8k\.yi_34b_6b\.speculative\.gamma must be a number"):
+        read_table(path)
+    path.write_text("cells: {gsm8k: {yi_34b_6b: {speculative: {gamma: 7}}}}\nsame_as: {ouroboros_warm: ouroboros}\n")
+    with pytest.raises(ConfigError, match=r"same_as\.ouroboros_warm: 'ouroboros' is no column of the table; "
+                                          r"columns: \['speculative'\]"):
+        read_table(path)
 
 
 def composed_with_hydra(*overrides):
@@ -217,10 +262,14 @@ def test_table7_hyper_parameters_apply_only_where_the_paper_has_a_row():
     spec = composed("+experiment=ouroboros_table2", "method=speculative", "data=wmt16",
                     "model=llama2_chat_70b_7b").method
     assert spec.gamma == 5
+    overridden = composed("+experiment=ouroboros_table2", "method=speculative", "data=wmt16", "method.gamma=3")
+    assert overridden.method.gamma == 3  # the command line still wins
     embedded = composed("+experiment=ouroboros_table2", "method=ouroboros", "data=gsm8k", "model=embedded").method
     default = composed("method=ouroboros").method
     assert (embedded.gamma, embedded.window, embedded.beta) == (default.gamma, default.window, default.beta)
     assert composed("method=ouroboros", "data=gsm8k", "model=yi_34b_6b").method.window == default.window  # opt-in only
+    greedy = composed("+experiment=ouroboros_table2", "method=greedy", "data=humaneval", "model=llama2_chat_70b_7b")
+    assert greedy.method == composed("method=greedy").method  # no column of the table: no cell needed
 
 
 def test_ablation_rows_and_search_and_slurm_configs_compose():
@@ -235,21 +284,54 @@ def test_ablation_rows_and_search_and_slurm_configs_compose():
 
 
 def test_griffin_ablation_rows_each_name_their_own_head():
-    """GRIFFIN Tables 2, 3, 5: every swept method decodes the head conf/head/<its name>.yaml trains, of its kind."""
+    """GRIFFIN Tables 2, 3, 5: every swept method.head is the head conf/head/<its name>.yaml trains, decoded as its
+    kind, and names the run (the report's rows)."""
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         heads = {name: OmegaConf.to_container(compose(config_name="heads", overrides=[f"head={name}"]).head)
                  for name in options("head")}
     for table in ("griffin_table2", "griffin_table3", "griffin_table5"):
-        for method in composed_with_hydra(f"+experiment={table}").hydra.sweeper.params.method.split(","):
-            cfg = composed(f"+experiment={table}", f"method={method}")
-            node = cfg.method
-            assert node.head.endswith(f"/{cfg.model.name}/{method}") and node.name == method
-            assert heads[method]["name"] == method and heads[method]["kind"] == node.kind, method
+        for head in composed_with_hydra(f"+experiment={table}").hydra.sweeper.params["method.head"].split(","):
+            cfg = composed(f"+experiment={table}", f"method.head={head}")
+            node = located(OmegaConf.to_container(cfg.method, resolve=True))
+            assert node["head"] == f"runs/heads/{cfg.model.name}/{head}" and node["name"] == head
+            assert heads[head]["name"] == head and heads[head]["kind"] == node["kind"], head
     passes = {name: [s["passes"] for s in h["train"]["stages"]] for name, h in heads.items()}
     assert passes["griffin_wo_tat"] == passes["eagle"] == [1, 1, 1] and passes["griffin_wo_tad"] == [1, 2, 3]
     assert heads["griffin_wo_tad"]["kind"] == "eagle" and heads["griffin_wo_tad"]["train"]["topk_loss_weight"] == 0.5
     assert [heads[f"griffin_top{k}"]["train"]["align_top_k"] for k in ("1", "5", "10", "_na")] == [1, 5, 10, 0]
     assert [heads[f"griffin_tgf_{s}"]["tgf_second"] for s in ("feature", "fused")] == ["feature", "fused"]
+
+
+@pytest.mark.parametrize("model", ["embedded", "vicuna_7b_68m"])
+def test_a_head_named_by_its_name_resolves_as_its_own_method_file_did(model, tmp_path):
+    """method=griffin method.head=griffin_top5 is what conf/method/griffin_top5.yaml was: the same head path,
+    name and kind, so the same run key; an eagle-kind head (griffin_wo_tad) decodes as eagle; a path stays a path."""
+    pair_name = composed(f"model={model}").model.name
+    old_griffin_top5 = {  # the resolved method of the removed conf/method/griffin_top5.yaml
+        "_target_": "specbench.methods.feature_head.FeatureHeadMethod", "name": "griffin_top5", "kind": "griffin",
+        "head": f"runs/heads/{pair_name}/griffin_top5", "top_k": 4, "depth": 4, "max_nodes": 10,
+        "local_files_only": True}
+    cfg = composed("method=griffin", "method.head=griffin_top5", f"model={model}")
+    assert located(OmegaConf.to_container(cfg.method, resolve=True)) == old_griffin_top5
+    assert cfg.method.heads_dir == f"runs/heads/{pair_name}" and cfg.method.name == "griffin_top5"
+    def resolved(*overrides):
+        return located(OmegaConf.to_container(composed(*overrides, f"model={model}").method, resolve=True))
+
+    wo_tad = resolved("method=eagle", "method.head=griffin_wo_tad")
+    assert (wo_tad["name"], wo_tad["kind"]) == ("griffin_wo_tad", "eagle")
+    assert resolved("method=griffin", "method.head=griffin_wo_tad") == wo_tad  # the head's kind, not the method's
+    for default in ("eagle", "griffin"):  # the methods themselves: as before
+        node = resolved(f"method={default}")
+        assert (node["name"], node["kind"], node["head"]) == (default, default, f"runs/heads/{pair_name}/{default}")
+    for path in (str(tmp_path / "griffin_top5"), "org/EAGLE-head"):  # a directory or an id stays as given
+        node = resolved("method=griffin", f"method.head={path}")
+        assert (node["name"], node["kind"], node["head"]) == ("griffin", "griffin", path)
+    keys = set()
+    for named in (["method.head=griffin_top5"],  # as the removed file named it: by its path, the run griffin_top5
+                  [f"method.head=runs/heads/{pair_name}/griffin_top5", "method.name=griffin_top5"]):
+        cfg = composed("method=griffin", *named, f"model={model}", f"runner.records_dir={tmp_path}")
+        keys.add(spec_for(cfg, cfg.method).key)
+    assert len(keys) == 1  # one run: records measured with the old file are found
 
 
 def test_pipeline_experiment_is_not_a_single_run(tmp_path):

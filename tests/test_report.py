@@ -429,7 +429,8 @@ def test_published_rows_name_our_methods_so_ours_land_beside_them():
         rows = csv.DictReader(line for line in path.read_text().splitlines() if not line.startswith("#"))
         names = {row["method.name"] for row in rows if "method.name" in row}
         unknown = names - known_methods() - PAPER_ONLY_METHODS
-        assert not unknown, f"{path.name}: method.name {sorted(unknown)} is neither a conf/method config nor paper-only"
+        assert not unknown, (f"{path.name}: method.name {sorted(unknown)} is neither a conf/method config, a head's "
+                             "name (conf/head: method.head=<name>) nor paper-only")
 
 
 def test_backends_experiment_puts_each_backend_beside_its_bound(tmp_path):

@@ -63,11 +63,11 @@ def feature_head(method: dict, files: ModelFiles) -> dict:
     """method=eagle: vLLM's EAGLE with a published head (Hugging Face id or its downloaded directory)."""
     from pathlib import Path
 
-    from ..models.head_artifact import CONFIG_FILE
+    from ..models.head_artifact import CONFIG_FILE, located
 
     require(method.get("kind", "eagle") == "eagle", "method.kind",
             "vLLM has no GRIFFIN drafting; method=griffin runs with engine=hf")
-    head = method.get("head")
+    head = located(method).get("head")
     require(bool(head), "method.head", "vLLM's eagle needs a draft head made for this target")
     require(not (Path(str(head)).expanduser() / CONFIG_FILE).exists(), "method.head",
             f"{head} is a head trained here (specbench format); vLLM loads EAGLE heads in their published format "

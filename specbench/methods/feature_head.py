@@ -2,10 +2,10 @@
 drafting EAGLE-2 dynamic trees (decoding/dynamic_tree.py) that the target verifies on the shared loop.
 
 The target runs as a FeatureLM (its forwards also keep its last hidden states, the features the head reads).
-No draft model: ``model`` may be a pair without one. The head comes from ``method.head``: a directory
-written by ``python -m specbench.training.heads`` (our EAGLE / GRIFFIN heads) or a published EAGLE-format head's
-Hugging Face id; a head made for another target (hidden size or vocabulary) is refused when
-the pair loads, a missing one before.
+No draft model: ``model`` may be a pair without one. The head comes from ``method.head``: the name of a head
+``python -m specbench.training.heads`` trained (our EAGLE / GRIFFIN heads, under ``method.heads_dir``:
+models/head_names.py), a directory, or a published EAGLE-format head's Hugging Face id; a head made for another
+target (hidden size or vocabulary) is refused when the pair loads, a missing one before.
 """
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from ..decoding.dynamic_tree import HeadTree
 from ..decoding.head_runner import EagerHeadRunner, StaticHead, StaticHeadRunner
 from ..decoding.loop import speculative_generate
 from ..errors import require
+from ..models.head_names import head_location
 from ..models.cpu_linear import apply_linear_kernel
 from ..models.draft_head import HeadConfig, TargetParts
 from ..models.head_artifact import CONFIG_FILE, load_head, looks_like_hub_id, missing
@@ -29,9 +30,9 @@ class FeatureHeadMethod(ProposerMethod):
     backends = ("transformers",)
     backend_reason = "its head reads the target's hidden states and lm_head, which llama.cpp does not expose here"
 
-    def __init__(self, pair, name: str = "eagle", kind: str = "eagle", head: str | None = None, top_k: int = 8,
-                 depth: int = 5, max_nodes: int = 24, local_files_only: bool = True, temperature: float = 0.0,
-                 top_p: float = 1.0, seed: int = 0):
+    def __init__(self, pair, name: str = "eagle", kind: str = "eagle", head: str | None = None,
+                 heads_dir: str | None = None, top_k: int = 8, depth: int = 5, max_nodes: int = 24,
+                 local_files_only: bool = True, temperature: float = 0.0, top_p: float = 1.0, seed: int = 0):
         super().__init__(pair, name, temperature, top_p, seed)
         require(kind in ("eagle", "griffin"), "method.kind", f"must be eagle or griffin, got {kind!r}")
         self.kind = kind
@@ -39,8 +40,10 @@ class FeatureHeadMethod(ProposerMethod):
         self.depth = positive_int(depth, "method.depth", "tree depth D: head forwards per step")
         self.max_nodes = positive_int(max_nodes, "method.max_nodes", "most tree nodes per step")
         require(isinstance(head, str) and head.strip() != "", "method.head",
-                f"needs the {kind} head to draft with: a directory from "
-                f"`python -m specbench.training.heads head={kind}` (make heads) or a published head's Hugging Face id")
+                f"needs the {kind} head to draft with: the name of a head "
+                f"`python -m specbench.training.heads head=<name>` trained (make heads: {kind}), a directory, or a "
+                "published head's Hugging Face id")
+        head = head_location(head, heads_dir)
         if not looks_like_hub_id(head) and not (Path(head).expanduser() / CONFIG_FILE).is_file():
             raise missing(Path(head).expanduser(), "method.head")
         self.head_source, self.local_files_only = head, local_files_only

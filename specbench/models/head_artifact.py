@@ -23,10 +23,12 @@ from pathlib import Path
 import torch
 
 from ..errors import ConfigError
-from .files import sha256_of as sha256_file
 from .draft_head import DraftHead, HeadConfig
+from .files import sha256_of as sha256_file
+from .head_names import head_location
 
 CONFIG_FILE, WEIGHTS_FILE = "head.json", "head.safetensors"
+FEATURE_HEAD_METHOD = "specbench.methods.feature_head.FeatureHeadMethod"
 
 
 def save_head(directory: Path, head: DraftHead, draft_ids: torch.Tensor | None, provenance: dict) -> str:
@@ -101,11 +103,22 @@ def load_local(directory: Path, key: str = "method.head") -> HeadArtifact:
     return HeadArtifact(HeadConfig(**meta["config"]), state, draft_ids, sha, str(directory), meta.get("provenance", {}))
 
 
+def located(method: dict) -> dict:
+    """A method config with its head by location: a feature-head method's head named by its name (``griffin_top5``)
+    becomes ``<heads_dir>/griffin_top5`` and ``heads_dir`` goes (the location holds it). Runs are identified and
+    recorded so, as they were when a method config named its head by its path: their run keys are unchanged."""
+    if not isinstance(method, dict) or method.get("_target_") != FEATURE_HEAD_METHOD or "heads_dir" not in method:
+        return method
+    method = dict(method)
+    method["head"] = head_location(method.get("head"), method.pop("heads_dir"))
+    return method
+
+
 def recorded_sha256(method: dict) -> str | None:
     """The sha256 a head artifact's head.json records, for a method config naming one (None otherwise): part of
     the run's identity, so retraining a head at the same path starts a new run instead of mixing records."""
-    head = method.get("head")
-    if not isinstance(head, str) or method.get("_target_") != "specbench.methods.feature_head.FeatureHeadMethod":
+    head = located(method).get("head")
+    if not isinstance(head, str) or method.get("_target_") != FEATURE_HEAD_METHOD:
         return None
     path = Path(head).expanduser() / CONFIG_FILE
     if not path.is_file():

@@ -17,7 +17,9 @@ PUBLISHED_DIR = Path(__file__).resolve().parent / "published"
 
 
 def known_methods() -> set[str]:
-    return {p.stem for p in (CONF_DIR / "method").glob("*.yaml")}
+    """The method names a run of ours can have: a conf/method config's, or a head's trained here (conf/head: a run
+    with method.head=<name> is named after its head, models/head_names.py; GRIFFIN's ablation rows)."""
+    return {p.stem for group in ("method", "head") for p in (CONF_DIR / group).glob("*.yaml")}
 
 
 def canonical(spec, key: str, value):

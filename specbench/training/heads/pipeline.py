@@ -185,7 +185,8 @@ class HeadPipeline:
             for name in (WEIGHTS_FILE, CONFIG_FILE):  # weights first: head.json names their hash
                 shutil.copyfile(last / name, self.head_dir / (name + ".tmp"))
                 (self.head_dir / (name + ".tmp")).replace(self.head_dir / name)
-            log(f"[heads] final head: {self.head_dir} (method.head={self.head_dir})")
+            log(f"[heads] final head: {self.head_dir} (decode: method={self.head_cfg['kind']} "
+                f"method.head={self.head_cfg['name']})")
 
     def _train_stages(self, indices: list[int]) -> None:
         keep_freed_memory()
