@@ -16,6 +16,7 @@ from specbench.methods.disco import DiscoClassifier, DiscoSL, disco_features, lo
 from specbench.methods.sl_policies import PerplexitySL
 from specbench.methods.speculative import SpeculativeDecoding
 from specbench.training.disco.extract import extract_prompt
+from specbench.schema import RunRecord
 from specbench.training.disco.tables import improvement, oracle_statistics
 from specbench.training.disco.train import evaluate, f1_score, train_classifier
 from specbench.training.disco.tune import best_candidate, grid
@@ -122,9 +123,9 @@ def test_perplexity_policy_on_hand_built_logits():
 
 
 def test_oracle_statistics_from_accept_lengths():
-    records = [{"prompt_id": "a", "repeat": 0, "accept_lengths": [8, 1, 3]},
-               {"prompt_id": "b", "repeat": 0, "accept_lengths": [1, 2]},
-               {"prompt_id": "b", "repeat": 1, "accept_lengths": [5]}]
+    records = [RunRecord(prompt_id="a", repeat=0, accept_lengths=[8, 1, 3]),
+               RunRecord(prompt_id="b", repeat=0, accept_lengths=[1, 2]),
+               RunRecord(prompt_id="b", repeat=1, accept_lengths=[5])]
     stats = oracle_statistics(records)
     assert stats["per_prompt"] == {"a": [7, 0, 2], "b": [0, 1]}
     assert stats["mean"] == pytest.approx(2.0) and stats["iterations"] == 5
