@@ -16,6 +16,7 @@ import sys
 
 from .costs import measure_costs
 from .metrics import acceptance_by_position
+from .schema import TurnRecord
 
 LONGEST = 8  # the longest proposal auto considers (and drafts with while measuring acceptance)
 
@@ -49,7 +50,7 @@ def tune_length(method, pair, prompt: list[int], max_new_tokens: int) -> dict:
     method.set_proposal_length(LONGEST)
     method.reset(0)
     gen = method.generate(prompt, max_new_tokens, pair.eos_ids)
-    steps = {"accepted_steps": gen.accepted_steps, "proposed": gen.proposed}
+    steps = TurnRecord(accepted_steps=gen.accepted_steps, proposed=gen.proposed)
     alpha = [a if a is not None else 0.0 for a in acceptance_by_position([steps], LONGEST)]
     match = sum(p > 0 for p in gen.proposed) / len(gen.proposed) if gen.proposed else 0.0
     target_ms = measure_costs(pair.lm("target"), prompt, sizes=tuple(range(1, LONGEST + 2)))

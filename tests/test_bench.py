@@ -9,6 +9,7 @@ from hydra import compose, initialize_config_dir
 
 from specbench import costs
 from specbench import bench
+from specbench.schema import RunRecord
 
 from .conftest import ROOT
 
@@ -66,8 +67,8 @@ def test_bench_runs_both_backends_side_by_side_and_times_llamacpps_own_greedy(tm
 def test_bound_is_predicted_greedy_time_over_predicted_method_time():
     table = {1: 10.0, 2: 12.0, 4: 14.0, 8: 20.0}
     assert costs.interpolate(table, 3) == 13.0 and costs.interpolate(table, 16) == 32.0
-    greedy = [{"forward_sizes": {"target": [8] + [1] * 9}}]
-    spec = [{"forward_sizes": {"target": [8, 4, 4], "draft": [8, 1, 1, 1, 1, 1, 1]}}]
+    greedy = [RunRecord(forward_sizes={"target": [8] + [1] * 9})]
+    spec = [RunRecord(forward_sizes={"target": [8, 4, 4], "draft": [8, 1, 1, 1, 1, 1, 1]})]
     expected = (20 + 9 * 10) / ((20 + 14 + 14) + (20 + 6 * 10))
     assert abs(costs.bound(spec, greedy, table, table) - expected) < 1e-12
 
@@ -87,9 +88,9 @@ def test_each_forward_is_priced_with_the_rows_of_logits_it_kept():
     (Ouroboros' 40-token draft blocks keep every row; timed keeping one they looked ~25% too cheap)."""
     table = costs.ForwardCosts({1: 10.0, 8: 20.0}, row_ms=0.5)
     assert table.at(8, 1) == 20.0 and table.at(8) == table.at(8, 8) == 20.0 + 7 * 0.5 and table.at(1) == 10.0
-    kept = [{"forward_sizes": {"target": [8, 8]}, "forward_rows": {"target": [1, 8]}}]
+    kept = [RunRecord(forward_sizes={"target": [8, 8]}, forward_rows={"target": [1, 8]})]
     assert costs.predicted_ms(kept, table, None) == 20.0 + 23.5
-    unknown = [{"forward_sizes": {"target": [8, 8]}}]  # rows not recorded (hf_assisted): all rows
+    unknown = [RunRecord(forward_sizes={"target": [8, 8]})]  # rows not recorded (hf_assisted): all rows
     assert costs.predicted_ms(unknown, table, None) == 2 * 23.5
 
 

@@ -9,7 +9,7 @@ import pytest
 from specbench.components import spec_for
 from specbench.metrics import summarize
 from specbench.records import write_json
-from specbench.schema import SCHEMA_VERSION
+from specbench.schema import SCHEMA_VERSION, RunRecord
 from specbench.report.experiment import compose_config, hydra_context
 from specbench.report.figures import speedup_vs_batch
 from specbench.report.render import render_experiment
@@ -85,7 +85,8 @@ def write_cell(cfg, rounds, steps, tokens: int, start: float, facts: dict | None
         base.store.append(r)
     for r in records:
         spec.store.append(r)
-    summary = summarize(records, baseline, exact=True)
+    summary = summarize([RunRecord.from_dict(r) for r in records], [RunRecord.from_dict(r) for r in baseline],
+                        exact=True)
     summary.update(run_key=spec.key, method=spec.method, pair=spec.pair, data=spec.data, baseline_run_key=base.key,
                    records=str(spec.store.path), **(facts or {}))
     write_json(spec.summary_path, summary)

@@ -9,6 +9,7 @@ from sacrebleu.metrics import BLEU
 
 from specbench.data import Example
 from specbench.errors import ConfigError
+from specbench.schema import RunRecord
 from specbench.scoring import REGISTRY, BoundScorer, aggregate_scores, get_scorer
 from specbench.scoring.code import fenced_code, humaneval_program, mbpp_program, truncate_at_stop
 from specbench.scoring.text import extract_answer, gsm8k_reference
@@ -152,7 +153,7 @@ def test_not_scored_is_never_a_number():
     bound = BoundScorer("none", reason="needs a judge")
     score = bound.score(Example(id="m", turns=["a", "b"]), ["x", "y"])
     assert score["status"] == "not_scored" and score["values"] is None and score["reason"] == "needs a judge"
-    agg = aggregate_scores([{"score": score}])
+    agg = aggregate_scores([RunRecord(score=score)])
     assert agg["primary"] is None and agg["metrics"] == {} and agg["not_scored"] == 1
 
 
@@ -160,7 +161,7 @@ def test_aggregate_counts_and_excludes_failures():
     ok = {"scorer": "gsm8k_exact_match", "status": "ok", "values": {"correct": 1.0}}
     bad = {"scorer": "gsm8k_exact_match", "status": "ok", "values": {"correct": 0.0}}
     failed = {"scorer": "gsm8k_exact_match", "status": "failed", "values": None, "reason": "x"}
-    agg = aggregate_scores([{"score": s} for s in (ok, ok, bad, failed)] + [{}])
+    agg = aggregate_scores([RunRecord(score=s) for s in (ok, ok, bad, failed)] + [RunRecord()])
     assert agg["metrics"]["accuracy"] == pytest.approx(200 / 3)
     assert (agg["scored"], agg["failed"], agg["primary"], agg["higher_is_better"]) == (3, 1, "accuracy", True)
 
@@ -168,7 +169,7 @@ def test_aggregate_counts_and_excludes_failures():
 def test_mixed_scorers_report_per_scorer_metrics_without_a_primary():
     gsm = {"scorer": "gsm8k_exact_match", "status": "ok", "values": {"correct": 1.0}}
     rouge = {"scorer": "rouge_l", "status": "ok", "values": {"rougeL": 0.5}}
-    agg = aggregate_scores([{"score": gsm}, {"score": rouge}])
+    agg = aggregate_scores([RunRecord(score=gsm), RunRecord(score=rouge)])
     assert agg["scorer"] == "mixed" and agg["primary"] is None and agg["scored"] == 2
     assert agg["metrics"] == {"gsm8k_exact_match/accuracy": 100.0, "rouge_l/rougeL": 50.0}
 
