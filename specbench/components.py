@@ -40,6 +40,14 @@ def build(node: DictConfig, key: str, **kwargs):
         raise ConfigError(f"{key}._target_: cannot build {node.get('_target_')!r}: {exc}") from exc
 
 
+def method_as_recorded(method: dict) -> dict:
+    """A resolved method config as run keys and records name it: a head named by its name by its path (``located``),
+    and a trained draft head's weights by their sha256 (``head_sha256``: method=eagle / griffin)."""
+    method = located(method)
+    head_sha256 = recorded_sha256(method)
+    return {**method, "head_sha256": head_sha256} if head_sha256 else method
+
+
 def spec_for(cfg: DictConfig, method_cfg: DictConfig, engine=None) -> RunSpec:
     """Run identity: everything that makes numbers comparable (data.limit excluded: it only selects prompts).
 
@@ -53,10 +61,7 @@ def spec_for(cfg: DictConfig, method_cfg: DictConfig, engine=None) -> RunSpec:
     """
     data = OmegaConf.to_container(cfg.data, resolve=True)
     data.pop("limit", None)
-    method = located(OmegaConf.to_container(method_cfg, resolve=True))  # a head named by its name: by its path
-    head_sha256 = recorded_sha256(method)  # a trained draft head's weights (method=eagle / griffin)
-    if head_sha256:
-        method["head_sha256"] = head_sha256
+    method = method_as_recorded(OmegaConf.to_container(method_cfg, resolve=True))
     engine = engine or engine_of(cfg)
     model = OmegaConf.to_container(cfg.model, resolve=True)
     if getattr(engine, "name", "hf") != "hf":  # model.backend is how our own loops run; other engines load their own
@@ -109,10 +114,7 @@ def record_config(cfg: DictConfig) -> dict:
     """The resolved config every record of the run carries, whichever engine measures it; a method drafting with
     a trained head also names the head's sha256 (``method.head_sha256``)."""
     config = OmegaConf.to_container(cfg, resolve=True)
-    config["method"], config["baseline"] = located(config["method"]), located(config["baseline"])  # as spec_for
-    head_sha256 = recorded_sha256(config["method"])
-    if head_sha256:
-        config["method"]["head_sha256"] = head_sha256
+    config["method"], config["baseline"] = method_as_recorded(config["method"]), located(config["baseline"])
     return config
 
 
