@@ -41,10 +41,12 @@ def feed(lm: CachedLM, pending: Sequence[int], proposal: Proposal) -> tuple[torc
     return logits, [past + root + 1 + s + node for node in range(n)]
 
 
-def verify_step(lm: CachedLM, tokens: list[int], proposal: Proposal, sampler: Sampler | None) -> Step:
+def verify_step(lm: CachedLM, tokens: list[int], proposal: Proposal, sampler: Sampler | None,
+                topk: int = 0) -> Step:
     """Feed, verify and commit one proposal after the committed ``tokens`` (appended to in place with the
     step's emitted tokens). Afterwards the cache holds every committed token but the new last one (x0 of the
-    next step): a plain chain is cropped, a tree keeps the accepted path's positions.
+    next step): a plain chain is cropped, a tree keeps the accepted path's positions. ``topk`` > 0: the step
+    also carries the top-k ids at x0 and every proposal node (``Step.topk``).
 
     sampler None or greedy: the target's argmax path (output identical to greedy decoding); else recursive
     rejection sampling (output distributed as the target's).
@@ -66,6 +68,8 @@ def verify_step(lm: CachedLM, tokens: list[int], proposal: Proposal, sampler: Sa
     side = len(proposal.side_tokens)
     features = lm.features_at(list(range(len(pending))) + [len(pending) + side + node for node in path])
     step = Step(proposal, path, next_token, argmax[:n + 1], argmax[n + 1:], tokens, features=features)
+    if topk:
+        step.topk = logits[:n + 1].topk(topk, dim=-1).indices.tolist()  # (1 + n, k), best first
     tokens += step.emitted
     return step
 
@@ -86,7 +90,7 @@ def speculative_generate(target: CachedLM, proposer: Proposer, prompt_ids: Seque
         if proposal.depth > context.room:
             raise ValueError(f"{type(proposer).__name__} proposed {proposal.depth} tokens deep with room for "
                              f"{context.room}")
-        step = verify_step(target, tokens, proposal, sampler)
+        step = verify_step(target, tokens, proposal, sampler, getattr(proposer, "topk", 0))
         timeline.mark("prefill")  # first call only: time to the first new token
         gen.drafted += len(proposal.tokens)
         gen.add_step(out, step.emitted, len(step.path), max_new_tokens, eos_ids, proposed=proposal.depth)

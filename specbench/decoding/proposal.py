@@ -100,6 +100,10 @@ class Step:
     # the verifying model's features (decoding.cached_lm.FeatureLM) at the committed tokens this step read: the
     # pending ones (x0 last) then the accepted path, (len(pending) + len(path), H); None for a plain CachedLM
     features: torch.Tensor | None = None
+    # the target's top-k token ids at x0 (row 0) and at every proposal node (row 1 + node), (1 + n, k), best
+    # first, from the verify forward's own logits; only for a proposer with a ``topk`` attribute k > 0 (token
+    # recycling's candidates), else None
+    topk: list[list[int]] | None = None
 
     @property
     def accepted(self) -> list[int]:
@@ -115,6 +119,7 @@ class Proposer(Protocol):
     lives across prompts: a pool, an SL policy)."""
 
     draft: object | None  # the CachedLM it drives, if any (its forwards are counted)
+    # optional ``topk: int``: k > 0 asks the loop for the target's top-k ids at every fed row (``Step.topk``)
 
     def propose(self, context: StepContext) -> Proposal: ...
 
