@@ -209,14 +209,14 @@ def small_pair():
     return small_vocab_pair()
 
 
-@pytest.mark.parametrize("temperature, top_p", [(1.0, 1.0), (0.9, 0.95)])
-def test_generations_are_distributed_as_the_targets(small_pair, monkeypatch, temperature, top_p):
+@pytest.mark.parametrize("temperature, top_p, tree", [(1.0, 1.0, [3, 2]), (0.9, 0.95, [5, 2])])
+def test_generations_are_distributed_as_the_targets(small_pair, monkeypatch, temperature, top_p, tree):
     """3000 generations of at most 3 tokens over a 6-token vocabulary (EOS included) against the target's exact
     distribution over all 156 generations. The matrix is kept across generations (warm start) and rewritten after
     every step, so each tree is built from what earlier, randomly sampled steps left: the runs verified branching
     trees, accepted later siblings after rejections and, with top-p, candidates outside the nucleus."""
     stats = record_trees(monkeypatch)
-    method = TokenRecycling(small_pair, tree=[3, 2], temperature=temperature, top_p=top_p)
+    method = TokenRecycling(small_pair, tree=tree, temperature=temperature, top_p=top_p)  # 5 wide: past the nucleus
     counts, gens = sample_generations(method, WALK, MAX_NEW, {SMALL_EOS}, 3000)
     assert stats["point_masses"] == stats["steps"] == sum(g.target_forwards for g in gens)
     assert sum(g.drafted for g in gens) > 3000 and sum(g.accepted for g in gens) > 1000
