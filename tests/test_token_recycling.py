@@ -198,7 +198,7 @@ def test_reset_empties_the_matrix_only_without_warm_start():
         assert method.carried_state() == state
 
 
-# -- T > 0: exact, while the matrix learns ------------------------------------------------------------------------------
+# -- T > 0: exact, while the matrix learns -----------------------------------------------------------------------------
 
 WALK = [1, 2, 4, 0, 5, 1, 3, 2, 0, 4, 5, 2, 1, 0, 3, 4, 1, 4]
 MAX_NEW = 3
@@ -253,7 +253,8 @@ def test_a_seed_fixes_the_output_from_a_given_matrix():
         method.restore_state(start)
         again = method.generate(prompt, 40, set())
         if seed == 5:
-            assert (again.tokens, again.extra, again.accept_lengths) == (first.tokens, first.extra, first.accept_lengths)
+            assert (again.tokens, again.accept_lengths, again.extra) == (first.tokens, first.accept_lengths,
+                                                                         first.extra)
         else:
             assert again.tokens != first.tokens
 
