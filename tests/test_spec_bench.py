@@ -49,7 +49,6 @@ def test_categories_select_and_per_category_samples_a_balanced_seeded_subset():
     assert [ex.id for ex in other] != [ex.id for ex in five]
     assert len(spec_bench("data.per_category=100").examples()) == 480  # more than a category has: all of it
     assert len(spec_bench("data.per_category=5", "data.limit=7").examples()) == 7
-    assert spec_bench("data.categories=qa").examples()[0].category == "qa"  # one name without brackets
 
 
 def test_unknown_category_is_one_line_listing_the_six_before_any_row_is_read(tmp_path):

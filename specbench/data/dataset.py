@@ -195,8 +195,6 @@ def check_categories(categories, category_map: dict) -> list[str] | None:
     """``data.categories`` as a list; with a ``category_map``, every name must be one of the map's categories."""
     if categories is None:
         return None
-    if isinstance(categories, str):
-        categories = [categories]
     categories = list(categories)
     require(categories, "data.categories", "names no category; set data.categories=null to use every row")
     known = list(dict.fromkeys(category_map.values()))
