@@ -88,6 +88,7 @@ def category_bound(run_bound: dict | None, records, baseline, speedup_total) -> 
 
 def speedup_by_category(exp: Experiment, out_dir: Path) -> list[Path]:
     """Speed-up per category (and overall) per method: ours in one panel, the leaderboard's setting in the other."""
+    from matplotlib import colormaps
     from matplotlib.figure import Figure
 
     from .figures import save
@@ -99,21 +100,25 @@ def speedup_by_category(exp: Experiment, out_dir: Path) -> list[Path]:
     fig = Figure(figsize=(11, 3.8))
     axes = fig.subplots(1, 2, sharey=True)
     categories = [*CATEGORIES, OVERALL]
+    top = max(v for speed in panels.values() for v in speed.values())
+    every = list(dict.fromkeys(m for speed in panels.values() for _, m in speed))  # one colour per method in both
+    colour = {m: colormaps["tab20"](i % 20) for i, m in enumerate(every)}
     for ax, (title, speed) in zip(axes, panels.items()):
         methods = list(dict.fromkeys(m for _, m in speed))
         width = 0.8 / max(len(methods), 1)
         for j, method in enumerate(methods):
             xs = [i + (j - (len(methods) - 1) / 2) * width for i, c in enumerate(categories) if (c, method) in speed]
             ys = [speed[(c, method)] for c in categories if (c, method) in speed]
-            ax.bar(xs, ys, width, label=label_for(exp.spec, "method.name", method))
+            ax.bar(xs, ys, width, label=label_for(exp.spec, "method.name", method), color=colour[method])
         ax.axhline(1.0, color="grey", linewidth=0.8)
         ax.set_xticks(range(len(categories)), [label_for(exp.spec, KEY, c) for c in categories], rotation=30,
                       ha="right", fontsize=7)
         ax.set_title(title, fontsize=8)
         ax.set_ylabel("speed-up over greedy (×)")
         ax.grid(axis="y", alpha=0.3)
+        ax.set_ylim(0, top * 1.5)  # room above the bars for the legend
         if methods:
-            ax.legend(fontsize=6, ncol=2)
+            ax.legend(fontsize=6, ncol=3, loc="upper center")
     fig.suptitle(exp.spec.get("title", exp.name), fontsize=8)
     return save(fig, out_dir, "speedup_by_category")
 
