@@ -50,7 +50,7 @@ class TurnRecord:
 
 
 TURN_FIELDS = tuple(f.name for f in fields(TurnRecord))
-OPTIONAL = ("turns", "batch", "pairing", "lossless", "score", "tuned")  # written only when set
+OPTIONAL = ("category", "turns", "batch", "pairing", "lossless", "score", "tuned")  # written only when set
 
 
 @dataclass
@@ -64,6 +64,7 @@ class RunRecord(TurnRecord):
     data: str | None = None
     prompt_id: str = ""
     prompt_index: int | None = None
+    category: str | None = None             # the prompt's category, where the dataset has them (data=spec_bench)
     repeat: int = 0
     max_new_tokens: int | None = None
     dtype: str | None = None
@@ -117,7 +118,8 @@ def build_record(spec, example, index: int, repeat: int, max_new_tokens: int, tu
     combined = combine_turns(turns)
     return RunRecord(
         **{f: getattr(combined, f) for f in TURN_FIELDS}, run_key=spec.key, method=spec.method, pair=spec.pair,
-        data=spec.data, prompt_id=example.id, prompt_index=index, repeat=repeat, max_new_tokens=max_new_tokens,
+        data=spec.data, prompt_id=example.id, prompt_index=index, category=getattr(example, "category", None),
+        repeat=repeat, max_new_tokens=max_new_tokens,
         **measured, timestamp=time.time(), turns=turns if len(turns) > 1 else None)
 
 

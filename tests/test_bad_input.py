@@ -68,6 +68,11 @@ BAD = {  # override(s) -> the start of the one-line error
     "method=confidence_sl method.policy.threshold=2": "method.policy.threshold: must be a probability in [0, 1]",
     "method=disco": "method.policy.classifier: DISCO needs a trained classifier",
     "data=mixture_cn +data.components.gsm8k.limt=1": "data.components.gsm8k.limt: unknown key",
+    "data=spec_bench data.categories=[qa,poetry]": "data.categories: unknown category poetry; the categories are "
+                                                   "mt_bench, translation, summarization, qa, math_reasoning, rag",
+    "data=spec_bench data.per_category=0": "data.per_category: must be a positive integer",
+    "data=spec_bench data.per_category=2 data.sample=10": "data.per_category: samples each category; it cannot be "
+                                                          "combined with data.sample",
     "baseline.name=5": "baseline.name: must be a string, got 5",
     "model.hidden_size=big": "model.hidden_size: must be an integer, got 'big'",
     "+model.hiden_size=32": "model.hiden_size: unknown key for specbench.models.tiny.build_tiny_pair (did you mean",

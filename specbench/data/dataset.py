@@ -11,6 +11,13 @@ row's fields (``{question}``, ``{translation[de]}``, ``{test_list[0]}``); ``temp
 another template when a field is empty (Alpaca's two prompts). Multi-turn datasets name a list field
 in ``turns_field``; each turn is formatted with ``{turn}`` and the row's fields (MT-Bench). The
 second turn is generated after the first answer (the runner conditions it on that answer).
+
+Categories: a row's category is its ``category_field``, renamed by ``category_map`` where the map names it
+(Spec-Bench files MT-Bench's eight categories, which ``category_map`` folds into one ``mt_bench``). With a map,
+its values are the dataset's categories: ``categories`` must name some of them (checked when the dataset is
+built, before any model loads). ``per_category`` takes a seeded sample of that many rows of each selected
+category, categories in file order (a balanced subsample); ``limit`` then takes the first N of those. Every
+example carries its category, and every record of it (schema.RunRecord.category).
 """
 from __future__ import annotations
 
@@ -30,6 +37,7 @@ class Example:
     turns: list[str]  # templated user turns (the pair's chat template is applied at encoding)
     reference: Any = None  # what a scorer compares against (answer, summary, translation ...)
     row: dict = field(default_factory=dict)
+    category: str | None = None  # the row's category (after data.category_map), where the rows have one
 
     @property
     def prompt(self) -> str:
@@ -56,9 +64,11 @@ class PromptDataset:
                  max_turns: int | None = None, template_if_empty: dict | None = None,
                  categories: list[str] | None = None, category_field: str = "category",
                  chat_template: bool | None = None, scorer: dict | None = None, partition: dict | None = None,
-                 part: str | None = None, **_):
+                 part: str | None = None, category_map: dict | None = None, per_category: int | None = None,
+                 **_):
         positive_int(max_new_tokens, "data.max_new_tokens")
-        for key, value in (("limit", limit), ("sample", sample), ("max_turns", max_turns)):
+        for key, value in (("limit", limit), ("sample", sample), ("max_turns", max_turns),
+                           ("per_category", per_category)):
             positive_int(value, f"data.{key}", optional=True)
         require(chat_template in (None, True, False), "data.chat_template",
                 f"must be true, false or null (follow the model pair), got {chat_template!r}")
@@ -70,7 +80,11 @@ class PromptDataset:
         self.id_field, self.reference_field = id_field, reference_field
         self.sample, self.seed, self.limit, self.version = sample, seed, limit, version
         self.turns_field, self.max_turns, self.template_if_empty = turns_field, max_turns, template_if_empty
-        self.categories, self.category_field = categories, category_field
+        self.category_map = dict(category_map or {})
+        self.categories, self.category_field = check_categories(categories, self.category_map), category_field
+        require(per_category is None or sample is None, "data.per_category",
+                f"samples each category; it cannot be combined with data.sample (got sample={sample})")
+        self.per_category = per_category
         self.chat_template = chat_template
         scorer = dict(scorer or {"name": "none"})
         require("name" in scorer, "data.scorer", "needs a name (a registered scorer)")
@@ -81,7 +95,7 @@ class PromptDataset:
         if self._rows is None:
             rows = self._load_rows()
             if self.categories:
-                rows = [r for r in rows if r.get(self.category_field) in self.categories]
+                rows = [r for r in rows if self.category_of(r) in self.categories]
                 if not rows:
                     raise ConfigError(f"data.categories: no row of '{self.name}' has {self.category_field} in "
                                       f"{list(self.categories)}; set data.categories=null to use every row")
@@ -116,10 +130,26 @@ class PromptDataset:
             start += size
         raise AssertionError("unreachable: check_partition validated the part")
 
+    def category_of(self, row: dict) -> str | None:
+        """The row's category: its ``category_field``, renamed by ``category_map`` (None: the rows have none)."""
+        value = row.get(self.category_field)
+        return self.category_map.get(value, value) if value is not None else None
+
+    def per_category_indices(self, order: list[int]) -> list[int]:
+        """A seeded sample of ``per_category`` rows of each category (categories in order of first appearance)."""
+        groups: dict = {}
+        for i in order:
+            groups.setdefault(self.category_of(self.rows()[i]), []).append(i)
+        rng = random.Random(self.seed)
+        return [i for members in groups.values()
+                for i in (rng.sample(members, self.per_category) if self.per_category < len(members) else members)]
+
     def selected_indices(self) -> list[int]:
         order = self.part_indices()
         n = len(order)
-        if self.sample is not None and self.sample < n:
+        if self.per_category is not None:
+            order = self.per_category_indices(order)
+        elif self.sample is not None and self.sample < n:
             order = random.Random(self.seed).sample(order, self.sample)
         return order[: self.limit] if self.limit else order
 
@@ -146,7 +176,8 @@ class PromptDataset:
         row = self.rows()[index]
         ex_id = str(field_value(row, self.id_field, "data.id_field")) if self.id_field else f"{self.name}/{index}"
         reference = field_value(row, self.reference_field) if self.reference_field else None
-        return Example(id=ex_id, turns=self.turns_of(row), reference=reference, row=row)
+        return Example(id=ex_id, turns=self.turns_of(row), reference=reference, row=row,
+                       category=self.category_of(row))
 
     def examples(self) -> list[Example]:
         return [self.example(i) for i in self.selected_indices()]
@@ -158,6 +189,20 @@ class PromptDataset:
             if i not in used:
                 return self.example(i)
         return self.example(self.selected_indices()[-1])
+
+
+def check_categories(categories, category_map: dict) -> list[str] | None:
+    """``data.categories`` as a list; with a ``category_map``, every name must be one of the map's categories."""
+    if categories is None:
+        return None
+    categories = list(categories)
+    require(categories, "data.categories", "names no category; set data.categories=null to use every row")
+    known = list(dict.fromkeys(category_map.values()))
+    unknown = [c for c in categories if c not in known]
+    require(not known or not unknown, "data.categories",
+            f"unknown categor{'y' if len(unknown) == 1 else 'ies'} {', '.join(map(str, unknown))}; "
+            f"the categories are {', '.join(known)}")
+    return categories
 
 
 def check_partition(partition: dict | None, part: str | None) -> tuple[dict | None, str | None]:

@@ -42,7 +42,7 @@ class MixedDataset:
 
     @staticmethod
     def _tagged(key: str, ex: Example) -> Example:
-        return Example(f"{key}:{ex.id}", ex.turns, ex.reference, ex.row)
+        return Example(f"{key}:{ex.id}", ex.turns, ex.reference, ex.row, ex.category)
 
     def _blocks(self) -> list[list[Example]]:
         return [[self._tagged(key, ds.example(i)) for i in ds.selected_indices()[: self.per_component]]

@@ -9,6 +9,7 @@ tau_speedup    τ (tokens per target forward) against measured speed-up, one poi
 metric_bars    each numeric metric per row, ours beside the paper's (DISCO Table 5's F1)
 alpha_curve    per-position acceptance α_k against k, one line per cell (records with ``proposed`` only)
 speedup_vs_batch  throughput speed-up against runner.batch_size (engine=vllm), 95% interval bars, a line per method
+speedup_by_category  Spec-Bench: speed-up per category and overall per method, ours and the leaderboard's
 """
 from __future__ import annotations
 
@@ -269,5 +270,7 @@ def speedup_vs_batch(exp, out_dir: Path) -> list[Path]:
     return save(fig, out_dir, "speedup_vs_batch")
 
 
+from .spec_bench import speedup_by_category  # noqa: E402  (it imports save from here when it draws)
+
 FIGURES = {f.__name__: f for f in (speed_bars, topk_curve, match_k_bars, oracle_sl_hist, tau_speedup, metric_bars,
-                                   alpha_curve, speedup_vs_batch)}
+                                   alpha_curve, speedup_vs_batch, speedup_by_category)}

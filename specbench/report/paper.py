@@ -6,7 +6,7 @@ import csv
 from pathlib import Path
 
 from ..environment import cpu_signature
-from ..errors import ConfigError
+from ..errors import ConfigError, require
 from ..schema import RunRecord
 from .console import alpha_text, identity_text
 from .experiment import CONF_DIR, Cell, Experiment
@@ -94,7 +94,10 @@ def bound_values(bound: dict | None) -> dict:
 
 
 def published_entries(spec, keys: list[str]) -> list[Entry]:
-    """The paper's numbers: specbench/report/published/<file>.csv, long format (key columns, metric, value)."""
+    """The paper's numbers: specbench/report/published/<file>.csv, long format (key columns, metric, value).
+
+    ``experiment.published_where`` ({column: value}) keeps the rows of one setting of a file that holds several
+    (Spec-Bench's leaderboard: one device and target per setting)."""
     name = spec.get("published")
     if not name:
         return []
@@ -104,6 +107,11 @@ def published_entries(spec, keys: list[str]) -> list[Entry]:
         raise ConfigError(f"experiment.published: no file {path}; available: {available}")
     with open(path) as fh:
         rows = list(csv.DictReader(line for line in fh if not line.startswith("#")))
+    where = {k: str(v) for k, v in (spec.get("published_where") or {}).items()}
+    for column, value in where.items():
+        found = sorted({row.get(column) for row in rows} - {None})
+        require(value in found, f"experiment.published_where.{column}", f"{value!r} is not one of {found} ({name})")
+    rows = [row for row in rows if all(row.get(k) == v for k, v in where.items())]
     entries: dict[tuple, Entry] = {}
     for row in rows:
         key_values = {k: parse_value(row[k]) for k in keys if k in row}

@@ -9,6 +9,7 @@ from .disco import disco_entries
 from .experiment import hydra_context, load_experiment
 from .figures import FIGURES
 from .paper import build, write
+from .spec_bench import category_entries
 from .tables import to_markdown
 
 
@@ -29,6 +30,8 @@ def render_experiment(name: str, overrides: list[str] | None = None, out: Path =
     if exp.spec.get("pipeline"):
         with hydra_context():
             ours = disco_entries(exp.spec, exp.extras)
+    elif exp.spec.get("split_by"):  # Spec-Bench: each run's records split by their prompts' category
+        ours = category_entries(exp)
     table = build(exp, ours)
     out_dir = Path(out) / name
     paths = write(table, out_dir, name)

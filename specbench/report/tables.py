@@ -118,7 +118,8 @@ def build_table(spec, ours: list[Entry], paper: list[Entry], known_methods: set[
         return tuple(e.keys.get(k) for k in col_keys)
 
     appearance = ordered(rkey(e) for e in ours + paper)  # sweep order first, then the paper's extra rows
-    level_order = [ordered(r[i] for r in appearance) for i in range(len(row_keys))]
+    fixed = spec.get("row_order") or {}  # {row key: its values in the order to print them}, else appearance order
+    level_order = [ordered([*(fixed.get(k) or []), *(r[i] for r in appearance)]) for i, k in enumerate(row_keys)]
     rows = sorted(appearance, key=lambda r: [level_order[i].index(v) for i, v in enumerate(r)])
     groups = ordered([ckey(e) for e in ours] + [ckey(e) for e in paper])
     our_metrics = list(spec.metrics)

@@ -1,0 +1,204 @@
+"""data=spec_bench (Spec-Bench's 480 prompts in six categories) and +experiment=spec_bench: categories selected and
+sampled per category, records carrying their prompt's category, and the report splitting each run by category
+beside the leaderboard's numbers (hand-built records, then one tiny end-to-end sweep)."""
+import collections
+import csv
+import re
+
+import pytest
+
+from specbench.components import build, spec_for
+from specbench.data import Example
+from specbench.errors import ConfigError
+from specbench.metrics import summarize
+from specbench.records import write_json
+from specbench.report.experiment import compose_config, hydra_context
+from specbench.report.paper import PUBLISHED_DIR
+from specbench.report.render import render_experiment
+from specbench.report.spec_bench import CATEGORIES
+from specbench.runner import RunSpec
+from specbench.schema import SCHEMA_VERSION, RunRecord, build_record, TurnRecord
+
+from .conftest import SHARED_DATA, run_cli
+from .test_config import composed
+
+
+def spec_bench(*overrides):
+    return build(composed("data=spec_bench", f"external_data={SHARED_DATA}", *overrides).data, "data")
+
+
+# --- data=spec_bench -------------------------------------------------------------------------------------
+
+def test_all_480_prompts_in_six_categories_the_conversations_two_turns():
+    examples = spec_bench().examples()
+    counts = collections.Counter(ex.category for ex in examples)
+    assert counts == {c: 80 for c in CATEGORIES}
+    assert {len(ex.turns) for ex in examples if ex.category == "mt_bench"} == {2}
+    assert {len(ex.turns) for ex in examples if ex.category != "mt_bench"} == {1}
+    assert next(ex for ex in examples if ex.category == "translation").prompt.startswith("Translate German to English")
+    assert next(ex for ex in examples if ex.category == "mt_bench").row["category"] == "writing"  # MT-Bench's own
+
+
+def test_categories_select_and_per_category_samples_a_balanced_seeded_subset():
+    picked = spec_bench("data.categories=[summarization,rag]", "data.per_category=3").examples()
+    assert [ex.category for ex in picked] == ["summarization"] * 3 + ["rag"] * 3
+    five = spec_bench("data.per_category=5").examples()
+    assert collections.Counter(ex.category for ex in five) == {c: 5 for c in CATEGORIES}
+    assert [ex.id for ex in five] == [ex.id for ex in spec_bench("data.per_category=5").examples()]  # seeded
+    other = spec_bench("data.per_category=5", "data.seed=1").examples()
+    assert [ex.id for ex in other] != [ex.id for ex in five]
+    assert len(spec_bench("data.per_category=100").examples()) == 480  # more than a category has: all of it
+    assert len(spec_bench("data.per_category=5", "data.limit=7").examples()) == 7
+
+
+def test_unknown_category_is_one_line_listing_the_six_before_any_row_is_read(tmp_path):
+    with pytest.raises(ConfigError) as caught:  # the file does not exist: the names are checked first
+        build(composed("data=spec_bench", f"data.path={tmp_path / 'missing.jsonl'}",
+                       "data.categories=[rag,poetry,maths]").data, "data")
+    assert str(caught.value) == ("data.categories: unknown categories poetry, maths; the categories are mt_bench, "
+                                 "translation, summarization, qa, math_reasoning, rag")
+
+
+def test_records_carry_their_prompts_category_and_older_records_load_without_one(tmp_path):
+    spec = RunSpec(key="k", method="m", pair="p", data="spec_bench", records_dir=tmp_path)
+    turn = TurnRecord(output_ids=[1, 2], new_tokens=2, wall_s=0.1, accept_lengths=[1, 1])
+    record = build_record(spec, Example(id="241", turns=["Summarize: ..."], category="summarization"), 0, 0, 8, [turn])
+    assert RunRecord.from_dict(record.to_dict()).category == "summarization"
+    plain = build_record(spec, Example(id="x", turns=["hi"]), 0, 0, 8, [turn]).to_dict()
+    assert "category" not in plain and RunRecord.from_dict(plain).category is None
+
+
+# --- the published numbers -------------------------------------------------------------------------------
+
+def published_rows():
+    path = PUBLISHED_DIR / "spec_bench.csv"
+    return list(csv.DictReader(line for line in path.read_text().splitlines() if not line.startswith("#")))
+
+
+def test_leaderboard_file_holds_the_ranking_issue_36_quotes_for_a100_vicuna_13b():
+    overall = {(r["method.name"], r["metric"]): float(r["value"]) for r in published_rows()
+               if r["setting"] == "a100-vicuna-13b" and r["category"] == "overall"}
+    assert {m: overall[(m, "speedup")] for m, _ in overall} == {
+        "eagle3": 3.02, "sam_decoding_eagle": 2.77, "eagle": 2.46, "hydra": 2.20, "token_recycling": 2.17,
+        "eagle1": 2.16, "medusa": 1.80, "prompt_lookup": 1.56, "speculative": 1.54, "rest": 1.38, "lookahead": 1.30}
+    assert overall[("eagle3", "tau")] == 5.71
+    settings = collections.Counter(r["setting"] for r in published_rows())
+    # per method: six categories and overall speed-up, and tau; 10 methods each but A100 Vicuna-13B (+ EAGLE-3)
+    assert settings == {"3090-vicuna-7b": 80, "a100-vicuna-7b": 80, "a100-vicuna-13b": 88, "a100-vicuna-33b": 80}
+
+
+# --- the report from hand-built records ------------------------------------------------------------------
+
+T1, T5 = 10.0, 20.0  # ms of a 1-token and a 5-token target forward (the run's measured costs)
+
+
+def config(records_dir, *overrides):
+    with hydra_context():
+        return compose_config(["+experiment=spec_bench", *overrides, f"runner.records_dir={records_dir}"])
+
+
+def line(spec, prompt: str, category: str, index: int, wall: float, steps: list[int], sizes: list[int], round_id,
+         end: float) -> dict:
+    tokens = sum(steps)
+    return {"schema": SCHEMA_VERSION, "run_key": spec.key, "method": spec.method, "pair": spec.pair,
+            "data": spec.data, "prompt_id": prompt, "prompt_index": index, "category": category, "repeat": 0,
+            "max_new_tokens": 10, "prompt_tokens": 20, "output_ids": list(range(tokens)), "output_text": "x",
+            "new_tokens": tokens, "wall_s": wall, "prefill_s": wall / 10, "target_forwards": len(steps),
+            "draft_forwards": 0, "drafted": 0, "accepted": tokens - len(steps), "accept_lengths": steps,
+            "forward_sizes": {"target": sizes}, "extra": {}, "dtype": "float32", "timestamp": end,
+            "env": {"hostname": "test-host", "device_name": "test cpu", "torch_threads": 2}, "model_info": {},
+            "config": {}, "pairing": {"mode": "interleaved", "round": round_id, "session": "t", "position": 0,
+                                      "size": 2}}
+
+
+def write_run(cfg, prompts, start: float) -> None:
+    """One method's run: per prompt (id, category, method wall s, greedy wall s, method steps); greedy emits 10
+    tokens in ten 1-token forwards, the method the same 10 in forwards of 5 tokens (one per step)."""
+    spec, base = spec_for(cfg, cfg.method), spec_for(cfg, cfg.baseline)
+    mine, theirs = [], []
+    for index, (prompt, category, wall, greedy_wall, steps) in enumerate(prompts):
+        round_id = f"{spec.key[:6]}-{index}"
+        end = start + 10 * index
+        theirs.append(line(base, prompt, category, index, greedy_wall, [1] * 10, [1] * 10, round_id, end))
+        mine.append(line(spec, prompt, category, index, wall, steps, [5] * len(steps), round_id, end + wall))
+    for r in theirs:
+        base.store.append(r)
+    for r in mine:
+        spec.store.append(r)
+    summary = summarize([RunRecord.from_dict(r) for r in mine], [RunRecord.from_dict(r) for r in theirs])
+    summary["bound"] = {"bound": 1.0, "efficiency": 1.0, "target_ms": {"1": T1, "5": T5}, "target_row_ms": 0.0,
+                        "draft_ms": None, "verify_ratio": {"k": 5, "ratio": T5 / T1}}
+    write_json(spec.summary_path, summary)
+
+
+def rows_of(table) -> dict[tuple, dict[str, str]]:
+    """(category, method) -> {column header: cell text, without the best / second-best marks}."""
+    plain = [[re.sub(r"\*\*|</?u>", "", c) for c in r] for r in table.rows]
+    return {tuple(r[:2]): dict(zip(table.header[2:], r[2:])) for r in plain}
+
+
+def test_report_splits_runs_by_category_beside_the_leaderboard_and_says_why_cells_are_missing(tmp_path):
+    records = tmp_path / "records"
+    sweep = ["method=speculative,ouroboros,prompt_lookup", f"runner.records_dir={records}"]
+    # speculative: summarization 2x faster than greedy in 4 steps of 2.5 tokens (bound 100 ms / 80 ms = 1.25x);
+    # qa 1.25x faster, 5 steps of 2 tokens (bound 100 / 100 = 1.0x)
+    write_run(config(records, "method=speculative"),
+              [("241", "summarization", 0.5, 1.0, [1, 3, 3, 3]), ("242", "summarization", 0.25, 0.5, [3, 3, 3, 1]),
+               ("321", "qa", 0.8, 1.0, [2, 2, 2, 2, 2]), ("322", "qa", 0.8, 1.0, [2, 2, 2, 2, 2])], 1e6)
+    # ouroboros (no leaderboard number): summarization only
+    write_run(config(records, "method=ouroboros"), [("241", "summarization", 0.4, 1.0, [2, 3, 3, 2])], 2e6)
+    # prompt_lookup: in the sweep, never run
+    result = render_experiment("spec_bench", sweep, out=tmp_path / "reports")
+    rows = rows_of(result["table"])
+    sps = rows[("Summarization", "SpS")]
+    assert sps["(ours) speed-up"].startswith("2.00× [2.00, 2.00]"), sps
+    assert (sps["(ours) τ"], sps["(ours) bound"], sps["(ours) efficiency"]) == ("2.50", "1.25×", "1.60")
+    assert sps["(paper) speed-up"] == "1.71×"  # A100, Vicuna-13B
+    qa = rows[("Question answering", "SpS")]
+    assert qa["(ours) speed-up"].startswith("1.25×") and (qa["(ours) τ"], qa["(ours) bound"]) == ("2.00", "1.00×")
+    overall = rows[("Overall", "SpS")]
+    assert overall["(ours) τ"] == "2.22" and overall["(ours) greedy tok/s"] == "11.43"  # 40 tokens / 3.5 s
+    assert (overall["(paper) speed-up"], overall["(paper) τ"]) == ("1.54×", "2.19")
+    assert rows[("Translation", "SpS")]["(ours) speed-up"] == "not in this sweep"  # no translation records
+    ouro = rows[("Summarization", "Ouroboros")]
+    assert ouro["(ours) speed-up"].startswith("2.50×") and ouro["(paper) speed-up"] == "not reported"
+    assert rows[("Summarization", "PLD")]["(ours) speed-up"] == "not run yet"
+    assert rows[("Summarization", "PLD")]["(paper) speed-up"] == "2.30×"
+    recycling = rows[("Summarization", "Token Recycling")]
+    assert (recycling["(ours) speed-up"], recycling["(paper) speed-up"]) == ("not implemented", "2.10×")
+    assert rows[("Overall", "EAGLE-3")]["(paper) τ"] == "5.71"
+    assert "**5.71**" in result["markdown"] and "<u>2.00× [2.00, 2.00]</u>" in result["markdown"]  # best, second
+    categories = list(dict.fromkeys(r[0] for r in result["table"].rows))
+    assert categories == ["Multi-turn conversation", "Translation", "Summarization", "Question answering",
+                          "Mathematical reasoning", "Retrieval-aug. generation", "Overall"]
+    assert "paper columns: Source: Spec-Bench leaderboard" in result["markdown"]
+    assert result["paths"]["speedup_by_category.png"].stat().st_size > 5000
+
+
+def test_another_leaderboard_setting_and_a_bad_one(tmp_path):
+    records = [f"runner.records_dir={tmp_path / 'records'}"]
+    result = render_experiment("spec_bench", [*records, "experiment.published_where.setting=3090-vicuna-7b"],
+                               out=tmp_path / "reports")
+    assert rows_of(result["table"])[("Overall", "SAM-Decoding[EAGLE-2]")]["(paper) speed-up"] == "2.38×"
+    with pytest.raises(ConfigError, match=r"experiment.published_where.setting: 'h100' is not one of \['3090-"):
+        render_experiment("spec_bench", [*records, "experiment.published_where.setting=h100"], out=tmp_path)
+
+
+# --- end to end on the tiny pair ---------------------------------------------------------------------------
+
+def test_tiny_sweep_records_categories_and_the_report_splits_them(tmp_path):
+    records = tmp_path / "records"
+    sweep = ["model=tiny_llama", "method=prompt_lookup", "data.per_category=1", "data.max_new_tokens=8",
+             "data.categories=[mt_bench,summarization]", f"external_data={SHARED_DATA}",
+             f"runner.records_dir={records}"]
+    run_cli("-m", "+experiment=spec_bench", *sweep, records_dir=records)
+    lines = [RunRecord.from_dict(r) for path in records.rglob("*.jsonl") for r in
+             (__import__("json").loads(x) for x in path.read_text().splitlines())]
+    assert {r.category for r in lines} == {"mt_bench", "summarization"}
+    assert all(len(r.turns) == 2 for r in lines if r.category == "mt_bench")
+    result = render_experiment("spec_bench", sweep, out=tmp_path / "reports")
+    rows = rows_of(result["table"])
+    for category in ("Multi-turn conversation", "Summarization", "Overall"):
+        assert re.match(r"[\d.]+×", rows[(category, "PLD")]["(ours) speed-up"]), rows[(category, "PLD")]
+        assert re.fullmatch(r"[\d.]+×", rows[(category, "PLD")]["(ours) bound"]), rows[(category, "PLD")]
+    assert rows[("Translation", "PLD")]["(ours) speed-up"] == "not in this sweep"
