@@ -6,6 +6,8 @@ from specbench.methods.prompt_lookup import PromptLookup
 from specbench.methods.sl_policies import ConfidenceSL, HeuristicSL
 from specbench.methods.specinfer import SpecInfer
 from specbench.methods.speculative import SpeculativeDecoding
+from specbench.methods.swift import Swift
+from specbench.models.layer_skip import runs_layer_skipping
 
 
 def loop_methods(pair, gamma: int) -> dict:
@@ -18,4 +20,5 @@ def loop_methods(pair, gamma: int) -> dict:
         "lookahead": Lookahead(pair, window=3, ngram=3, guesses=3),
         "ouroboros": Ouroboros(pair, gamma=gamma, window=4, beta=3, top_k=2),
         "prompt_lookup": PromptLookup(pair, "prompt_lookup", num_pred_tokens=gamma),
+        **({"swift": Swift(pair, gamma=gamma, search_trials=2)} if runs_layer_skipping(pair) else {}),  # torch only
     }

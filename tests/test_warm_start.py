@@ -8,6 +8,7 @@ from specbench.data import Example
 from specbench.methods.ouroboros import Ouroboros
 from specbench.methods.sl_policies import HeuristicSL
 from specbench.methods.speculative import SpeculativeDecoding
+from specbench.methods.swift import Swift
 from specbench.engines.loops import LoopBackend
 from specbench.runner import Entry, Runner, RunSpec
 
@@ -57,6 +58,7 @@ def makers(pair):
     return {
         "ouroboros_warm": lambda: Ouroboros(pair, gamma=4, window=4, beta=3, top_k=2, warm_start=True),
         "dyn_heur": lambda: SpeculativeDecoding(pair, "dyn_heur", policy=HeuristicSL(initial=2, persistent=True)),
+        "swift": lambda: Swift(pair, gamma=3, search_trials=2),  # the skip set searched on prompt 0
     }
 
 

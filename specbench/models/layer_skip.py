@@ -47,6 +47,16 @@ def decoder_layer_count(model: torch.nn.Module) -> int:
     return len(model.model.layers)
 
 
+def runs_layer_skipping(pair) -> bool:
+    """Whether ``pair``'s target can draft by layer skipping here (transformers backend, the Llama layout)."""
+    if getattr(pair, "backend", "transformers") != "transformers":
+        return False
+    try:
+        return decoder_layer_count(pair.target) >= 2
+    except ConfigError:
+        return False
+
+
 def check_skip_set(skip: Sequence[int], layers: int, key: str = "method.skip_layers") -> None:
     """A skip set must name existing layers and leave at least one (ConfigError naming ``key``)."""
     outside = sorted(i for i in skip if not 0 <= i < layers)
