@@ -278,3 +278,28 @@ def test_greedy_reference_sanity():
     pair = deep_pair(4)
     ref = Greedy(pair, "greedy").generate(IDS, 10, set())
     assert Swift(pair, skip_layers=[2], gamma=3).generate(IDS, 10, set()).tokens == ref.tokens
+
+
+def test_the_bound_prices_the_draft_forwards_with_the_layer_skipped_target(monkeypatch):
+    """The pair has no draft model: the run's bound (costs.run_bound) must price swift's draft forwards with the
+    model that ran them, or they would cost nothing and the bound would be too high."""
+    from specbench import costs
+    from specbench.schema import RunRecord
+
+    pair = deep_pair(4)
+    method = Swift(pair, skip_layers=[1, 2])
+    measured = []
+
+    def fake_costs(model, prompt, sizes, repeats=3):
+        measured.append(model)
+        return costs.ForwardCosts({k: 10.0 + k for k in sizes}, 0.0)
+
+    monkeypatch.setattr(costs, "measure_forward_costs", fake_costs)
+    run = [RunRecord(prompt_id="p", repeat=0, forward_sizes={"target": [5, 3], "draft": [5, 1, 1]})]
+    base = [RunRecord(prompt_id="p", repeat=0, forward_sizes={"target": [5, 1, 1, 1]})]
+    priced = costs.run_bound(pair, run, base, IDS, draft=method.self_draft())
+    assert isinstance(measured[1], LayerSkipModel) and measured[1].kept == [0, 3]
+    assert priced["draft_ms"] is not None
+    free = costs.run_bound(pair, run, base, IDS)  # what the bound was without it: the draft's forwards free
+    assert free["draft_ms"] is None and priced["bound"] < free["bound"]
+    assert Swift(pair).self_draft() is None  # nothing searched yet

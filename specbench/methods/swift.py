@@ -139,6 +139,12 @@ class Swift(ProposerMethod):
     def restore_state(self, state) -> None:
         self.found = None if state is None else list(state)
 
+    def self_draft(self) -> torch.nn.Module | None:
+        """The layer-skipped target of the skip set in use (None before a search): what the run's bound prices the
+        draft forwards with (costs.run_bound), the pair having no draft model."""
+        skip = self.configured if self.configured is not None else self.found
+        return None if skip is None else LayerSkipModel(self.pair.target, skip)
+
     def make_proposer(self, prompt_ids) -> SwiftDraft:
         """Inside generate: a prompt with no skip set yet searches for one first (module docstring)."""
         search = None
