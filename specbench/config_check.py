@@ -88,7 +88,8 @@ class ModelNotLoaded(AttributeError):
 class ConfigOnlyPair:
     """Stands in for the model pair while constructors are checked before loading: it has the pair's name and
     says whether the pair has a draft (a hub pair's ``model.draft`` may be null), and has ``vocab_size`` where
-    the model config fixes it without loading (``vocab_size_before_loading``); anything else raises."""
+    the model config fixes it without loading (``vocab_size_before_loading``), and ``num_layers`` (decoder layers)
+    for the tiny pairs; anything else raises."""
 
     def __init__(self, model: dict):
         self.name = model.get("name")
@@ -98,6 +99,8 @@ class ConfigOnlyPair:
         vocab = vocab_size_before_loading(model)
         if vocab is not None:
             self.vocab_size = vocab
+        if model.get("_target_") == "specbench.models.tiny.build_tiny_pair":  # its config fixes the layer count
+            self.num_layers = int(model.get("layers", 2))  # decoder layers (method=swift checks a skip set)
 
     def __getattr__(self, attr):
         raise ModelNotLoaded(f"ConfigOnlyPair.{attr}: the model pair is not loaded while the config is checked")

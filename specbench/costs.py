@@ -132,13 +132,16 @@ def verify_table(costs: ForwardCosts) -> dict[int, float]:
     return {k: costs.at(k) for k in TABLE_SIZES}
 
 
-def run_bound(pair, records: list[dict], baseline: list[dict], prompt: list[int], repeats: int = 3) -> dict | None:
+def run_bound(pair, records: list[dict], baseline: list[dict], prompt: list[int], repeats: int = 3,
+              draft=None) -> dict | None:
     """The bound of one run (what ``python -m specbench`` prints beside the speed-up): forward costs measured now,
     after the timed generations, on this pair and machine (``measure_forward_costs``): every block size up to 64
     the records fed, and 1, 32, 64 of each model; larger blocks, i.e. prefills, are extrapolated linearly from
     T(32)..T(64), as llama.cpp's and torch's compute-bound prefills scale, which underestimates long prefills by
     ~10-15%: both sides of the ratio have them. Each forward is priced with the rows of logits it kept. Then
-    ``bound`` over the method's records and their paired baseline records.
+    ``bound`` over the method's records and their paired baseline records. draft: the model that ran the records'
+    draft forwards when it is not the pair's draft (a method drafting with part of the target: swift's
+    layer-skipped target, ``self_draft``).
     None without a baseline or forward sizes (engine=vllm)."""
     from .metrics import matched_baseline
 
@@ -148,8 +151,10 @@ def run_bound(pair, records: list[dict], baseline: list[dict], prompt: list[int]
     if not base or not fed["target"]:
         return None
     target = measure_forward_costs(pair.lm("target"), prompt, fed["target"] | ANCHORS, repeats=repeats)
-    draft = (measure_forward_costs(pair.lm("draft"), prompt, fed["draft"] | ANCHORS, repeats=repeats)
-             if fed["draft"] and pair.draft is not None else None)
+    if draft is None and pair.draft is not None:
+        draft = pair.lm("draft")
+    draft = (measure_forward_costs(draft, prompt, fed["draft"] | ANCHORS, repeats=repeats)
+             if fed["draft"] and draft is not None else None)
     limit = bound(records, base, target, draft)
     if limit is None:
         return None

@@ -7,6 +7,8 @@ from specbench.methods.sl_policies import ConfidenceSL, HeuristicSL
 from specbench.methods.specinfer import SpecInfer
 from specbench.methods.speculative import SpeculativeDecoding
 from specbench.methods.token_recycling import TokenRecycling
+from specbench.methods.swift import Swift
+from specbench.models.layer_skip import runs_layer_skipping
 
 
 def loop_methods(pair, gamma: int) -> dict:
@@ -20,4 +22,5 @@ def loop_methods(pair, gamma: int) -> dict:
         "ouroboros": Ouroboros(pair, gamma=gamma, window=4, beta=3, top_k=2),
         "prompt_lookup": PromptLookup(pair, "prompt_lookup", num_pred_tokens=gamma),
         "token_recycling": TokenRecycling(pair, "token_recycling", tree=[2, 1, 1][:gamma]),
+        **({"swift": Swift(pair, gamma=gamma, search_trials=2)} if runs_layer_skipping(pair) else {}),  # torch only
     }

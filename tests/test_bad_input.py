@@ -58,6 +58,8 @@ BAD = {  # override(s) -> the start of the one-line error
     "+foo=1": "foo: unknown top-level key; valid: baseline, data,",
     "data.max_new_tokens=many": "data.max_new_tokens: must be an integer, got 'many'",
     "method.gamma=-1": "method.gamma: must be a positive integer (draft tokens per step, γ) or auto, got -1",
+    "method=swift method.skip_layers=[5]": "method.skip_layers: the target has 2 decoder layers (0..1); no layer [5]",
+    "method=swift method.skip_layers=[0,1]": "method.skip_layers: skips all 2 decoder layers; at least one must run",
     "+method.temperature=0.5": "method.temperature: not a method setting: set by sampling.temperature",
     "method=oracle_sl sampling.temperature=0.5": "sampling.temperature: method 'oracle_sl' uses OracleSL, which "
                                                  "supports temperature 0 only",

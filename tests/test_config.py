@@ -29,7 +29,8 @@ def composed(*overrides):
 
 @pytest.mark.parametrize("method, drafts", [
     ("speculative", True), ("specinfer", True), ("ouroboros", True), ("hf_assisted", True), ("disco", True),
-    ("greedy", False), ("eagle", False), ("griffin", False), ("prompt_lookup", False), ("lookahead", False)])
+    ("greedy", False), ("eagle", False), ("griffin", False), ("prompt_lookup", False), ("lookahead", False),
+    ("swift", False)])
 def test_the_draft_model_loads_only_for_a_method_or_baseline_that_drafts_with_it(method, drafts):
     assert needs_draft_model(composed(f"method={method}")) is drafts
     assert needs_draft_model(composed(f"method={method}", "method@baseline=speculative")) is True
@@ -111,6 +112,10 @@ def test_tiny_pairs_and_methods_instantiate(name, tmp_path):
                 continue
             config = HeadConfig.for_target(pair.target.config, node.kind)
             save_head(head_location(node.head, node.heads_dir), DraftHead(config).init_weights(), None, {"test": True})
+        if method == "swift" and name == "tiny_gpt2":  # it runs Llama-layout decoder layers itself
+            with pytest.raises(ConfigError, match="method=swift: runs the target's decoder layers itself"):
+                build(node, "method", pair=pair, temperature=0.0, top_p=1.0, seed=0)
+            continue
         if node._target_ == "specbench.methods.engine_only.EngineMethod":  # vLLM's own methods (EAGLE, MTP ...)
             with pytest.raises(ConfigError, match=f"method={method}: runs only with engine=vllm"):
                 build(node, "method", pair=pair, temperature=0.0, top_p=1.0, seed=0)

@@ -9,6 +9,7 @@ from specbench.methods.ouroboros import Ouroboros
 from specbench.methods.sl_policies import HeuristicSL
 from specbench.methods.speculative import SpeculativeDecoding
 from specbench.methods.token_recycling import TokenRecycling
+from specbench.methods.swift import Swift
 from specbench.engines.loops import LoopBackend
 from specbench.runner import Entry, Runner, RunSpec
 
@@ -59,6 +60,7 @@ def makers(pair):
         "ouroboros_warm": lambda: Ouroboros(pair, gamma=4, window=4, beta=3, top_k=2, warm_start=True),
         "dyn_heur": lambda: SpeculativeDecoding(pair, "dyn_heur", policy=HeuristicSL(initial=2, persistent=True)),
         "token_recycling": lambda: TokenRecycling(pair, tree=[2, 2, 1], warm_start=True),
+        "swift": lambda: Swift(pair, gamma=3, search_trials=2),  # the skip set searched on prompt 0
     }
 
 

@@ -1,0 +1,305 @@
+"""method=swift (self-speculation by layer skipping): the layer-skipped model against reference computations (the
+full model when nothing is skipped, a shallow model built by hand otherwise; chunked, cropped and tree feeds), the
+skip-set search on hand-made targets, output identical to greedy at T = 0, distributed as the target at T > 0,
+the draft's cache right after rejections, warm start of the searched set, and bad settings."""
+import math
+import random
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from transformers import LlamaForCausalLM
+
+from specbench.config_check import ConfigOnlyPair
+from specbench.decoding.cached_lm import CachedLM
+from specbench.decoding.loop import speculative_generate
+from specbench.errors import ConfigError
+from specbench.methods.greedy import Greedy
+from specbench.methods.swift import Swift, candidate_sets, search_skip_set
+from specbench.models.layer_skip import LayerSkipModel
+from specbench.models.pair import ModelPair, prepare_for_inference
+from specbench.models.precision import resolve_precision
+from specbench.models.tiny import build_tiny_pair, tiny_model
+
+from .distribution_helpers import one_thread  # noqa: F401  (autouse fixture: one torch thread)
+from .distribution_helpers import (EOS, MAX_NEW, PROMPT, IdsOnlyTokenizer, exact_sequence_distribution,
+                                   goodness_of_fit, sample_generations)
+from .test_counters import check_counters
+from .test_equivalence import greedy_reference
+
+PAIRS = {}
+
+
+def deep_pair(layers: int = 4, seed: int = 0) -> ModelPair:
+    """A tiny fp32 Llama target with ``layers`` decoder layers (the tests' usual tiny pair has 2), no draft."""
+    if (layers, seed) not in PAIRS:
+        PAIRS[layers, seed] = build_tiny_pair(name=f"tiny-llama-{layers}", layers=layers, seed=seed, load_draft=False)
+    return PAIRS[layers, seed]
+
+
+def silence(model, layers) -> None:
+    """Make decoder layers ``layers`` identities (their attention output and MLP down projections write zeros to
+    the residual stream): skipping exactly those leaves the logits unchanged."""
+    with torch.no_grad():
+        for i in layers:
+            model.model.layers[i].self_attn.o_proj.weight.zero_()
+            model.model.layers[i].mlp.down_proj.weight.zero_()
+
+
+def shallow_by_hand(target, keep) -> LlamaForCausalLM:
+    """A Llama of len(keep) layers holding copies of the target's kept layers: the reference for LayerSkipModel."""
+    config = type(target.config).from_dict(target.config.to_dict())
+    config.num_hidden_layers = len(keep)
+    config._attn_implementation = target.config._attn_implementation
+    model = LlamaForCausalLM(config).eval()
+    state = {k: v for k, v in target.state_dict().items() if ".layers." not in k}
+    for slot, i in enumerate(keep):
+        prefix = f"model.layers.{i}."
+        state.update({k.replace(prefix, f"model.layers.{slot}."): v for k, v in target.state_dict().items()
+                      if k.startswith(prefix)})
+    model.load_state_dict(state)
+    return model
+
+
+IDS = [5, 9, 40, 7, 7, 120, 33, 8, 19, 200, 5, 9]
+
+
+# -- the layer-skipped model -----------------------------------------------------------------------------------------
+
+def test_with_no_skipped_layer_it_is_the_full_model():
+    target = deep_pair(4).target
+    full = CachedLM(target).forward(IDS)
+    assert torch.equal(CachedLM(LayerSkipModel(target, [])).forward(IDS), full)
+    lm = CachedLM(LayerSkipModel(target, []))  # fed in chunks against its own cache
+    chunks = torch.cat([lm.forward(IDS[:5]), lm.forward(IDS[5:6]), lm.forward(IDS[6:])])
+    torch.testing.assert_close(chunks, full, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("skip", [[1], [0, 3], [1, 2], [3]])
+def test_with_skipped_layers_it_is_a_shallow_model_built_by_hand(skip):
+    target = deep_pair(4).target
+    keep = [i for i in range(4) if i not in skip]
+    want = shallow_by_hand(target, keep)(torch.tensor([IDS])).logits[0]
+    lm = CachedLM(LayerSkipModel(target, skip))
+    torch.testing.assert_close(lm.forward(IDS), want, atol=1e-5, rtol=1e-5)
+    assert len(lm.cache.layers) == len(keep) and lm.length == len(IDS)  # its own cache: one entry per kept layer
+    # crop after a rejection, then the next tokens: as if only the committed ones had been fed
+    lm.crop(7)
+    torch.testing.assert_close(lm.forward(IDS[7:]), want[7:], atol=1e-5, rtol=1e-5)
+    # a tree fed after the prefix, then one path kept, equals the chain
+    tree = CachedLM(LayerSkipModel(target, skip))
+    tree.forward(IDS[:6])
+    # nodes: 0 = IDS[6] (from x0), 1 = 99 (a rejected sibling of IDS[7]), 2 = IDS[7] (from 0), 3 = IDS[8] (from 2)
+    rows = tree.forward([IDS[6], 99, IDS[7], IDS[8]], parents=[-1, 0, 0, 2])
+    torch.testing.assert_close(rows[[0, 2, 3]], want[6:9], atol=1e-5, rtol=1e-5)
+    tree.keep_positions(list(range(6)) + [6, 8, 9])
+    torch.testing.assert_close(tree.forward(IDS[9:]), want[9:], atol=1e-5, rtol=1e-5)
+
+
+def test_the_draft_shares_the_targets_weights_and_leaves_its_cache_alone():
+    target = deep_pair(4).target
+    draft = LayerSkipModel(target, [1, 2])
+    assert draft.layers[1] is target.model.layers[3] and draft.lm_head is target.lm_head  # no copies
+    lm, full = CachedLM(target), CachedLM(draft)
+    before = lm.forward(IDS[:6])
+    full.forward(IDS)
+    torch.testing.assert_close(lm.forward(IDS[6:]), CachedLM(target).forward(IDS)[6:], atol=1e-5, rtol=1e-5)
+    assert len(lm.cache.layers) == 4 and before.shape[0] == 6
+
+
+# -- the search -------------------------------------------------------------------------------------------------------
+
+def test_candidate_sets_are_distinct_sets_of_the_size_and_all_of_them_when_few():
+    drawn = candidate_sets(10, 4, 12, random.Random(1))
+    assert len(drawn) == 12 == len(set(drawn)) and all(len(c) == 4 and list(c) == sorted(c) for c in drawn)
+    assert drawn == candidate_sets(10, 4, 12, random.Random(1))  # seeded
+    assert drawn != candidate_sets(10, 4, 12, random.Random(2))
+    assert candidate_sets(4, 2, 12, random.Random(1)) == [(0, 1), (0, 2), (0, 3), (1, 2), (1, 3), (2, 3)]
+
+
+def test_the_search_finds_the_layers_that_do_nothing():
+    pair = build_tiny_pair(name="tiny-llama-6", layers=6, seed=3, load_draft=False)
+    silence(pair.target, [1, 3, 4])
+    skip, record = search_skip_set(pair.target, IDS, 3, math.comb(6, 3), 64, seed=0)
+    assert skip == [1, 3, 4] and max(record["matchness"]) == 1.0
+    assert record["positions"] == len(IDS) and record["draft_forwards"] == 20
+    # fewer trials: random sets of the size, deterministic under the seed
+    again = [search_skip_set(pair.target, IDS, 3, 5, 4, seed=7) for _ in range(2)]
+    assert again[0] == again[1] and len(again[0][0]) == 3 and again[0][1]["positions"] == 4
+    # a method searching on its first prompt then drafts with the found set: every draft token accepted
+    method = Swift(pair, gamma=3, skip_ratio=0.5, search_trials=20)
+    assert method.skip_count == 3
+    gen = method.generate(IDS, 20, set())
+    assert gen.extra["skip_layers"] == [1, 3, 4] and gen.extra["skip_source"] == "search"
+    assert gen.accept_lengths == [4] * 5 and gen.draft_forwards == 15
+
+
+# -- exactness ------------------------------------------------------------------------------------------------------
+
+cases = st.fixed_dictionaries({
+    "layers": st.sampled_from([3, 4]),
+    "skip": st.one_of(st.none(), st.sets(st.integers(0, 3), min_size=1, max_size=2)),
+    "prompt": st.lists(st.integers(3, 258), min_size=1, max_size=12),
+    "gamma": st.integers(1, 6),
+    "stop_confidence": st.one_of(st.none(), st.sampled_from([0.05, 0.2])),
+    "max_new_tokens": st.integers(1, 40),
+    "eos_pick": st.one_of(st.none(), st.integers(0, 39)),
+})
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=cases)
+def test_swift_equals_greedy(case):
+    pair = deep_pair(case["layers"])
+    skip = sorted(i for i in case["skip"] or () if i < case["layers"]) or None
+    ref, eos = greedy_reference(pair, case["prompt"], case["max_new_tokens"], case["eos_pick"])
+    method = Swift(pair, gamma=case["gamma"], skip_layers=skip, stop_confidence=case["stop_confidence"],
+                   search_trials=3)
+    gen = method.generate(case["prompt"], case["max_new_tokens"], eos)
+    assert gen.tokens == ref.tokens
+    check_counters(gen, "swift")
+    assert gen.target_forwards == len(gen.accept_lengths)
+    assert all(n <= case["gamma"] + 1 for n in gen.accept_lengths)
+    assert gen.extra["skip_source"] == ("config" if skip else "search")
+    assert len(gen.extra["sl"]) == len(gen.accept_lengths)
+
+
+def small_vocab_target(layers: int = 3, seed: int = 0) -> ModelPair:
+    """distribution_helpers' 6-token vocabulary, with ``layers`` decoder layers and no draft model."""
+    tok = IdsOnlyTokenizer(6, EOS)
+    precision = resolve_precision("float32", "cpu", "auto")
+    target = prepare_for_inference(tiny_model("llama", 6, 16, layers, seed, 0.3, tok), "cpu", precision)
+    return ModelPair(name="tiny-v6-deep", target=target, draft=None, tokenizer=tok, eos_ids={EOS},
+                     precision=precision)
+
+
+def test_sampling_is_distributed_as_the_target():
+    """3000 generations of at most 3 tokens against the target's exact distribution over all of them, drafted by the
+    target less its layer 1 (q passed to rejection sampling); power: the same samples are far from the draft's."""
+    pair = small_vocab_target()
+    target = exact_sequence_distribution(pair.target, 1.0, 1.0, PROMPT, MAX_NEW, {EOS})
+    draft = exact_sequence_distribution(LayerSkipModel(pair.target, [1]), 1.0, 1.0, PROMPT, MAX_NEW, {EOS})
+    method = Swift(pair, gamma=2, skip_layers=[1], temperature=1.0)
+    counts, gens = sample_generations(method, PROMPT, MAX_NEW, {EOS}, 3000)
+    drafted, accepted = sum(g.drafted for g in gens), sum(g.accepted for g in gens)
+    assert 0.3 * drafted < accepted < 0.95 * drafted  # rejections happen, and so do acceptances
+    assert goodness_of_fit(counts, target) > 1e-3
+    assert goodness_of_fit(counts, draft) < 1e-6
+    method.reset(5)
+    assert method.generate(PROMPT, MAX_NEW, {EOS}).tokens == list(gens[5].tokens)  # seeded: reproducible
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_the_drafts_cache_holds_the_committed_tokens_after_rejections(temperature):
+    pair = deep_pair(4)
+    method = Swift(pair, gamma=4, skip_layers=[1, 2], temperature=temperature, seed=1)
+    proposer = method.make_proposer(IDS)
+    gen = speculative_generate(pair.lm("target"), proposer, IDS, 30, set(), method.sampler, _NoTimeline())
+    assert gen.accepted < gen.drafted  # rejections happened
+    tokens = IDS + gen.tokens
+    draft = proposer.draft
+    assert draft.length <= len(tokens) - 1
+    rest = draft.forward(tokens[draft.length:])  # whatever it has not read yet
+    fresh = CachedLM(LayerSkipModel(pair.target, [1, 2])).forward(tokens)
+    torch.testing.assert_close(rest, fresh[-rest.shape[0]:], atol=1e-5, rtol=1e-5)
+
+
+class _NoTimeline:
+    def mark(self, event):
+        pass
+
+
+# -- warm start -----------------------------------------------------------------------------------------------------
+
+def test_the_searched_set_carries_to_the_next_prompt_and_a_configured_one_carries_nothing():
+    pair = deep_pair(4)
+    method = Swift(pair, gamma=2, search_trials=4)
+    assert method.carries_state and method.carried_state() is None
+    first = method.generate(IDS, 5, set())
+    assert first.extra["skip_source"] == "search" and len(first.extra["skip_layers"]) == 2  # round(0.45 * 4)
+    state = method.carried_state()
+    assert state == first.extra["skip_layers"]
+    state.append(0)  # a copy
+    assert method.carried_state() == first.extra["skip_layers"]
+    method.reset(1)
+    second = method.generate(IDS[:4], 5, set())
+    assert second.extra["skip_source"] == "carried" and "search" not in second.extra
+    method.reset(0)
+    method.restore_state(None)  # a new method's state: it searches again (seeded by sampling.seed)
+    assert method.generate(IDS, 5, set()).extra == first.extra
+    assert not Swift(pair, skip_layers=[1]).carries_state
+
+
+# -- bad settings -----------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("settings_, message", [
+    ({"gamma": 0}, "method.gamma: must be a positive integer"),
+    ({"stop_confidence": 1.5}, "method.stop_confidence: must be a probability in [0, 1] or null, got 1.5"),
+    ({"skip_layers": [4]}, "method.skip_layers: the target has 4 decoder layers (0..3); no layer [4]"),
+    ({"skip_layers": [-1, 1]}, "method.skip_layers: the target has 4 decoder layers (0..3); no layer [-1]"),
+    ({"skip_layers": [0, 1, 2, 3]}, "method.skip_layers: skips all 4 decoder layers; at least one must run"),
+    ({"skip_layers": []}, "method.skip_layers: is empty"),
+    ({"skip_layers": [1, 1]}, "method.skip_layers: names a layer twice"),
+    ({"skip_layers": ["a"]}, "method.skip_layers: must be a list of layer indices"),
+    ({"skip_ratio": 1.0}, "method.skip_ratio: must be in (0, 1)"),
+    ({"search_trials": 0}, "method.search_trials: must be a positive integer"),
+    ({"search_positions": 0}, "method.search_positions: must be a positive integer"),
+])
+def test_swift_rejects_bad_settings(settings_, message):
+    with pytest.raises(ConfigError) as caught:
+        Swift(deep_pair(4), **settings_)
+    assert str(caught.value).startswith(message) and "\n" not in str(caught.value)
+
+
+def test_a_skip_set_past_a_tiny_pairs_layers_is_refused_before_loading():
+    stand_in = ConfigOnlyPair({"_target_": "specbench.models.tiny.build_tiny_pair", "name": "tiny-llama",
+                               "layers": 2, "backend": "transformers"})
+    with pytest.raises(ConfigError, match=r"method.skip_layers: the target has 2 decoder layers \(0..1\); no layer"):
+        Swift(stand_in, skip_layers=[2])
+
+
+def test_targets_it_cannot_run_are_refused():
+    with pytest.raises(ConfigError, match="knows the Llama/Qwen2 layout"):
+        Swift(build_tiny_pair(name="tiny-gpt2", arch="gpt2", layers=2, load_draft=False))
+    with pytest.raises(ConfigError, match="1 decoder layer; skipping needs 2 or more"):
+        Swift(deep_pair(1))
+
+    class LlamaCppStandIn:
+        name, draft, backend = "embedded", None, "llamacpp"
+
+    with pytest.raises(ConfigError, match=r"method=swift: does not run on model.backend=llamacpp .*"
+                                          r"set model.backend=transformers"):
+        Swift(LlamaCppStandIn())
+
+
+def test_greedy_reference_sanity():
+    """The deep tiny pair's greedy output is what the property test compares with (a fixed case)."""
+    pair = deep_pair(4)
+    ref = Greedy(pair, "greedy").generate(IDS, 10, set())
+    assert Swift(pair, skip_layers=[2], gamma=3).generate(IDS, 10, set()).tokens == ref.tokens
+
+
+def test_the_bound_prices_the_draft_forwards_with_the_layer_skipped_target(monkeypatch):
+    """The pair has no draft model: the run's bound (costs.run_bound) must price swift's draft forwards with the
+    model that ran them, or they would cost nothing and the bound would be too high."""
+    from specbench import costs
+    from specbench.schema import RunRecord
+
+    pair = deep_pair(4)
+    method = Swift(pair, skip_layers=[1, 2])
+    measured = []
+
+    def fake_costs(model, prompt, sizes, repeats=3):
+        measured.append(model)
+        return costs.ForwardCosts({k: 10.0 + k for k in sizes}, 0.0)
+
+    monkeypatch.setattr(costs, "measure_forward_costs", fake_costs)
+    run = [RunRecord(prompt_id="p", repeat=0, forward_sizes={"target": [5, 3], "draft": [5, 1, 1]})]
+    base = [RunRecord(prompt_id="p", repeat=0, forward_sizes={"target": [5, 1, 1, 1]})]
+    priced = costs.run_bound(pair, run, base, IDS, draft=method.self_draft())
+    assert isinstance(measured[1], LayerSkipModel) and measured[1].kept == [0, 3]
+    assert priced["draft_ms"] is not None
+    free = costs.run_bound(pair, run, base, IDS)  # what the bound was without it: the draft's forwards free
+    assert free["draft_ms"] is None and priced["bound"] < free["bound"]
+    assert Swift(pair).self_draft() is None  # nothing searched yet
