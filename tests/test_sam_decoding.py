@@ -215,3 +215,178 @@ def test_sam_decoding_equals_greedy(case):
         sl = gen.extra["fallback"]["sl"]
         assert gen.draft_forwards == sum(n for n, by in zip(sl, source) if by == "fallback")
         assert "none" not in source
+
+
+def test_sam_decoding_accepts_matches_the_target_agrees_with():
+    """A case (fixed weights) where the automaton's drafts are accepted: steps emit several tokens per forward."""
+    pair = pair_for("llama", 0.05)
+    prompt = [136, 34, 10, 50] * 3  # found by trying a few: here the output repeats what came before
+    ref, _ = greedy_reference(pair, prompt, 60, None)
+    gen = SamDecoding(pair).generate(prompt, 60, set())
+    assert gen.tokens == ref.tokens
+    assert gen.accepted >= 5 and gen.target_forwards <= 55 and gen.extra["steps_sam"] >= gen.accepted
+
+
+# -- above temperature 0 --------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_the_fallbacks_draft_cache_catches_up_after_sam_steps(arch, monkeypatch):
+    """Record every verification (the proposal, q when the fallback drafted it, p); the first step is the
+    automaton's (the prompt repeats), so the draft model reads the prompt only on a later step: every q and p must
+    equal a fresh full forward on the committed sequence, and the draft's cache a prefix of it at the end."""
+    pair = noisy_pair(arch)
+    steps, lms = [], []
+    real_verify, real_init = loop.verify_tree_sampling, CachedLM.__init__
+
+    def recording_verify(proposal, target_probs, sampler):
+        path, nxt = real_verify(proposal, target_probs, sampler)
+        probs = None if proposal.probs is None else proposal.probs.clone()
+        steps.append((list(proposal.tokens), probs, target_probs.clone(), len(path), nxt))
+        return path, nxt
+
+    def recording_init(self, *args, **kwargs):
+        real_init(self, *args, **kwargs)
+        lms.append(self)
+
+    monkeypatch.setattr(loop, "verify_tree_sampling", recording_verify)
+    monkeypatch.setattr(CachedLM, "__init__", recording_init)
+    prompt = [17, 42, 99, 100, 5] * 3
+    method = SamDecoding(pair, max_draft=4, min_match_length=1, temperature=1.0,
+                         fallback=SpeculativeDecoding(pair, "speculative", gamma=3, temperature=1.0))
+    method.reset(7)
+    gen = method.generate(prompt, 40, set())
+    source = gen.extra["source"]
+    assert source[0] == "sam" and "fallback" in source
+    sampler = Sampler(1.0, 1.0)
+    committed = list(prompt)
+    for (draft, q, p, n, nxt), by in zip(steps, source):
+        assert torch.allclose(p, fresh_probs(pair.target, sampler, committed + draft, len(draft) + 1), atol=1e-5)
+        assert (q is not None) == (by == "fallback" and bool(draft))  # SAM's drafts are point masses
+        if q is not None:
+            want_q = fresh_probs(pair.draft, sampler, committed + draft[:-1], len(draft))
+            assert torch.allclose(q, want_q, atol=1e-5), f"draft distributions wrong after {len(committed)} tokens"
+        committed += draft[:n] + [nxt]
+    assert gen.tokens == committed[len(prompt):]
+    draft_lm = next(lm for lm in lms if lm.model is pair.draft)
+    assert draft_lm.length <= len(committed) - 1
+    continued = sampler.probs(draft_lm.forward(committed[draft_lm.length:])[-1:])
+    assert torch.allclose(continued, fresh_probs(pair.draft, sampler, committed, 1), atol=1e-5)
+
+
+SMALL_PROMPT = [1, 2, 4, 1, 2, 4, 1, 2]  # repeats: the automaton drafts (4, 1) first, the fallback after a mismatch
+SMALL_MAX_NEW = 3
+
+
+@pytest.fixture(scope="module")
+def small_pair():
+    return small_vocab_pair()
+
+
+def sam_method(pair, with_fallback: bool, temperature: float):
+    fallback = SpeculativeDecoding(pair, "speculative", gamma=2, temperature=temperature) if with_fallback else None
+    return SamDecoding(pair, max_draft=3, min_match_length=2, fallback=fallback, temperature=temperature)
+
+
+@pytest.mark.parametrize("with_fallback", [False, True])
+def test_generations_are_distributed_as_the_targets(small_pair, with_fallback):
+    """3000 generations of at most 3 tokens over a 6-token vocabulary (EOS included) against the target's exact
+    distribution over all of them: SAM's point-mass chains and, with the fallback, the draft model's sampled ones
+    with their q."""
+    target = exact_sequence_distribution(small_pair.target, 1.0, 1.0, SMALL_PROMPT, SMALL_MAX_NEW, {SMALL_EOS})
+    counts, gens = sample_generations(sam_method(small_pair, with_fallback, 1.0), SMALL_PROMPT, SMALL_MAX_NEW,
+                                      {SMALL_EOS}, 3000)
+    sources = [by for g in gens for by in g.extra["source"]]
+    assert sources.count("sam") > 1000
+    assert sources.count("fallback") > 500 if with_fallback else "fallback" not in sources
+    assert 0 < sum(g.accepted for g in gens) < sum(g.drafted for g in gens)  # acceptances and rejections
+    assert goodness_of_fit(counts, target) > ALPHA
+
+
+def test_distribution_test_detects_a_verifier_that_trusts_point_masses(small_pair, monkeypatch):
+    """Power check of the test above: a verifier that accepts every point-mass draft token unchecked (as if q = p)
+    is rejected with 1500 generations."""
+    real = loop.verify_tree_sampling
+
+    def trusting(proposal, target_probs, sampler):
+        if proposal.probs is None and proposal.tokens:
+            return list(range(len(proposal.tokens))), sampler.sample(target_probs[len(proposal.tokens)])
+        return real(proposal, target_probs, sampler)
+
+    monkeypatch.setattr(loop, "verify_tree_sampling", trusting)
+    target = exact_sequence_distribution(small_pair.target, 1.0, 1.0, SMALL_PROMPT, SMALL_MAX_NEW, {SMALL_EOS})
+    counts, _ = sample_generations(sam_method(small_pair, True, 1.0), SMALL_PROMPT, SMALL_MAX_NEW, {SMALL_EOS}, 1500)
+    assert goodness_of_fit(counts, target) < ALPHA
+
+
+def test_sam_decoding_samples_reproducibly_above_temperature_zero():
+    pair = pair_for("gpt2", 0.05)
+    prompt = [5, 6, 7, 8] * 3
+    method = SamDecoding(pair, temperature=0.8, seed=3,
+                         fallback=SpeculativeDecoding(pair, "speculative", gamma=2, temperature=0.8, seed=3))
+    gen = method.generate(prompt, 25, set())
+    check_counters(gen, "sam_decoding")
+    method.reset(3)
+    assert method.generate(prompt, 25, set()).tokens == gen.tokens  # seeded: reproducible
+
+
+# -- settings and configs -------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("settings_, message", [
+    ({"max_draft": 0}, "method.max_draft: must be a positive integer"),
+    ({"min_match_length": 0}, "method.min_match_length: must be a positive integer"),
+    ({"min_match_length": True}, "method.min_match_length: must be a positive integer"),
+    ({"corpus_bias": -1}, "method.corpus_bias: must be an integer >= 0"),
+    ({"corpus": "/nonexistent/corpus.json"}, "method.corpus: no such file"),
+    ({"fallback": "speculative"}, "method.fallback: must be null or a method config with a _target_"),
+    ({"fallback": {"gamma": 3}}, "method.fallback: must be null or a method config with a _target_"),
+    ({"fallback": {"_target_": "specbench.methods.greedy.Greedy", "name": "greedy"}},
+     "method.fallback: must be a method on the speculative loop"),
+    ({"fallback": {"_target_": "specbench.methods.speculative.SpeculativeDecoding", "name": "s", "gamma": 0}},
+     "method.fallback.gamma: must be a positive integer"),
+])
+def test_sam_decoding_rejects_bad_settings(settings_, message):
+    with pytest.raises(ConfigError) as caught:
+        SamDecoding(pair_for("llama", 0.05), **settings_)
+    assert str(caught.value).startswith(message) and "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize("content", ["not json", '{"a": 1}', "[[1, -2]]", "[[1, true]]", "[1, 2]"])
+def test_a_corpus_that_is_not_lists_of_token_ids_is_refused(content, tmp_path):
+    path = tmp_path / "corpus.json"
+    path.write_text(content)
+    with pytest.raises(ConfigError, match="method.corpus: "):
+        SamDecoding(pair_for("llama", 0.05), corpus=str(path))
+
+
+def test_a_corpus_file_builds_the_static_automaton(tmp_path):
+    path = tmp_path / "corpus.json"
+    path.write_text(json.dumps([[7, 8, 1, 2, 3, 50, 51], [9, 9]]))
+    method = SamDecoding(pair_for("llama", 0.05), corpus=str(path), corpus_bias=0, max_draft=4)
+    proposer = method.make_proposer([1])
+    proposal = proposer.propose(StepContext([40, 7, 8, 1], 0, 100, set(), Sampler()))
+    assert proposal.tokens == [2, 3, 50, 51] and proposer.match_length == [3]
+
+
+def test_the_configs_compose_with_a_nested_fallback(tmp_path):
+    alone, combined = composed("method=sam_decoding"), composed("method=sam_speculative")
+    assert alone.method.fallback is None and alone.method.name == "sam_decoding"
+    assert combined.method.fallback._target_ == "specbench.methods.speculative.SpeculativeDecoding"
+    assert combined.method.name == "sam_speculative" and combined.method.min_match_length == 4
+    eagle = composed("method=sam_speculative", "method@method.fallback=eagle")
+    assert eagle.method.fallback._target_ == "specbench.methods.feature_head.FeatureHeadMethod"
+    assert eagle.method.name == "sam_eagle"
+    assert composed("method=sam_speculative", "method.fallback.gamma=6").method.fallback.gamma == 6
+    # the draft model loads for a fallback that drafts with it, not for SAM alone or SAM[EAGLE-2]
+    assert needs_draft_model(combined) and not needs_draft_model(alone) and not needs_draft_model(eagle)
+    # the nested method is checked like a top-level one (pair and sampling are passed to it, never configured)
+    records = f"runner.records_dir={tmp_path}"
+    check_components(composed("method=sam_speculative", "model=tiny_llama", records))
+    with pytest.raises(ConfigError, match=r"^method\.fallback\.gamma: must be a positive integer"):
+        check_components(composed("method=sam_speculative", "model=tiny_llama", "method.fallback.gamma=0"))
+    with pytest.raises(ConfigError, match=r"^method\.fallback\.gama: unknown key"):
+        check_components(composed("method=sam_speculative", "model=tiny_llama", "+method.fallback.gama=3"))
+    with pytest.raises(ConfigError, match=r"^method\.fallback\.pair: not a method\.fallback setting"):
+        check_components(composed("method=sam_speculative", "model=tiny_llama", "+method.fallback.pair=x"))
+    pair = build(composed("model=tiny_llama").model, "model")
+    built = build(combined.method, "method", pair=pair, temperature=0.0, top_p=1.0, seed=0)
+    assert isinstance(built.fallback, SpeculativeDecoding) and built.needs_draft

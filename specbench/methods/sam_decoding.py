@@ -168,7 +168,12 @@ def build_fallback(fallback, pair, temperature: float, top_p: float, seed: int) 
 
         node = fallback if not isinstance(fallback, dict) else OmegaConf.create(fallback)
         require("_target_" in node, "method.fallback", "must be null or a method config with a _target_")
-        built = build(node, "method.fallback", pair=pair, temperature=temperature, top_p=top_p, seed=seed)
+        try:
+            built = build(node, "method.fallback", pair=pair, temperature=temperature, top_p=top_p, seed=seed)
+        except ConfigError as exc:  # the fallback's own checks name its keys as method.<key>: name them where they are
+            text = str(exc)
+            raise ConfigError("method.fallback." + text[len("method."):] if text.startswith("method.") and
+                              not text.startswith("method.fallback.") else text) from None
         require(isinstance(built, ProposerMethod), "method.fallback",
                 f"must be a method on the speculative loop (a ProposerMethod), got {type(built).__name__}")
         return built
