@@ -17,6 +17,7 @@ from specbench.decoding.proposal import Proposal, StepContext
 from specbench.decoding.sampling import Sampler
 from specbench.decoding.suffix_automaton import Match, SuffixAutomaton
 from specbench.errors import ConfigError
+from specbench.methods.feature_head import FeatureHeadMethod
 from specbench.methods.sam_decoding import SamDecoding, SamProposer
 from specbench.methods.speculative import SpeculativeDecoding
 
@@ -26,6 +27,7 @@ from .distribution_helpers import exact_sequence_distribution, goodness_of_fit, 
 from .test_config import composed
 from .test_counters import check_counters
 from .test_equivalence import greedy_reference, pair_for
+from .test_feature_heads import random_head
 from .test_speculative_sampling import fresh_probs, noisy_pair
 
 EOS = 99
@@ -390,3 +392,51 @@ def test_the_configs_compose_with_a_nested_fallback(tmp_path):
     pair = build(composed("model=tiny_llama").model, "model")
     built = build(combined.method, "method", pair=pair, temperature=0.0, top_p=1.0, seed=0)
     assert isinstance(built.fallback, SpeculativeDecoding) and built.needs_draft
+
+
+eagle_cases = st.fixed_dictionaries({
+    "prompt": st.lists(st.integers(3, 258), min_size=1, max_size=8),
+    "repeat": st.integers(1, 3),
+    "max_draft": st.integers(1, 6),
+    "min_match_length": st.integers(1, 3),
+    "max_new_tokens": st.integers(1, 30),
+    "eos_pick": st.one_of(st.none(), st.integers(0, 29)),
+})
+
+
+@pytest.fixture(scope="module")
+def eagle_head(tmp_path_factory):
+    return random_head(pair_for("llama", 0.05), "eagle", tmp_path_factory.mktemp("eagle"), std=0.3)
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                 HealthCheck.function_scoped_fixture])
+@given(case=eagle_cases)
+def test_sam_with_an_eagle_fallback_equals_greedy(case, eagle_head):
+    """SAM[EAGLE-2]: the target verifies as a FeatureLM, and the head's features follow every step, including
+    those the automaton drafted (HeadTree refuses to draft with features missing)."""
+    pair = pair_for("llama", 0.05)
+    prompt = case["prompt"] * case["repeat"]
+    ref, eos = greedy_reference(pair, prompt, case["max_new_tokens"], case["eos_pick"])
+    eagle = FeatureHeadMethod(pair, "eagle", head=eagle_head, top_k=3, depth=3, max_nodes=8)
+    method = SamDecoding(pair, "sam_eagle", max_draft=case["max_draft"],
+                         min_match_length=case["min_match_length"], fallback=eagle)
+    gen = method.generate(prompt, case["max_new_tokens"], eos)
+    assert gen.tokens == ref.tokens
+    check_counters(gen, "sam_eagle")
+    assert gen.draft_forwards == 0  # a head, not a draft model: its forwards are in the fallback's counters
+    fallback_steps = [i for i, by in enumerate(gen.extra["source"]) if by == "fallback"]
+    assert len(gen.extra["fallback"]["tree_nodes"]) == len(fallback_steps)
+
+
+def test_sam_with_an_eagle_fallback_drafts_from_both(eagle_head):
+    """A fixed case where the head drafts after steps the automaton drafted (its features then caught up)."""
+    pair = pair_for("llama", 0.05)
+    prompt = [136, 34, 10, 50] * 3
+    ref, _ = greedy_reference(pair, prompt, 40, None)
+    eagle = FeatureHeadMethod(pair, "eagle", head=eagle_head, top_k=3, depth=3, max_nodes=8)
+    gen = SamDecoding(pair, "sam_eagle", min_match_length=2, fallback=eagle).generate(prompt, 40, set())
+    assert gen.tokens == ref.tokens
+    source = gen.extra["source"]
+    assert source[0] == "sam" and "fallback" in source
+    assert any(a == "sam" and b == "fallback" for a, b in zip(source[1:], source[2:]))
