@@ -19,6 +19,7 @@ from specbench.decoding.suffix_automaton import Match, SuffixAutomaton
 from specbench.errors import ConfigError
 from specbench.methods.feature_head import FeatureHeadMethod
 from specbench.methods.sam_decoding import SamDecoding, SamProposer
+from specbench.methods.sl_policies import HeuristicSL
 from specbench.methods.speculative import SpeculativeDecoding
 
 from .distribution_helpers import one_thread  # noqa: F401  (autouse fixture: one torch thread)
@@ -440,3 +441,27 @@ def test_sam_with_an_eagle_fallback_drafts_from_both(eagle_head):
     source = gen.extra["source"]
     assert source[0] == "sam" and "fallback" in source
     assert any(a == "sam" and b == "fallback" for a, b in zip(source[1:], source[2:]))
+
+
+def test_a_corpus_outside_the_pairs_vocabulary_and_an_auto_fallback_length_are_refused(tmp_path):
+    pair = pair_for("llama", 0.05)
+    path = tmp_path / "corpus.json"
+    path.write_text(json.dumps([[1, 2], [pair.vocab_size]]))
+    with pytest.raises(ConfigError, match=rf"method.corpus: holds token id {pair.vocab_size}, but the pair's"):
+        SamDecoding(pair, corpus=str(path))
+    with pytest.raises(ConfigError, match="method.fallback: a proposal length of auto is not tuned"):
+        SamDecoding(pair, fallback=SpeculativeDecoding(pair, "speculative", gamma="auto"))
+
+
+def test_a_fallbacks_carried_state_is_the_methods():
+    pair = pair_for("llama", 0.05)
+    assert not SamDecoding(pair).carries_state
+    assert not SamDecoding(pair, fallback=SpeculativeDecoding(pair, "speculative", gamma=2)).carries_state
+    policy = HeuristicSL(initial=3, persistent=True)
+    method = SamDecoding(pair, fallback=SpeculativeDecoding(pair, "dyn_heur", policy=policy))
+    assert method.carries_state
+    method.generate([5, 6, 7, 8], 20, set())
+    state = method.carried_state()
+    assert state == policy.carried_state()
+    method.restore_state(None)
+    assert method.carried_state() != state or state == HeuristicSL(initial=3).carried_state()

@@ -45,12 +45,14 @@ class SuffixAutomaton:
         self.tokens: list[int] = []  # the text T
         self.last = 0  # the state of the whole text
         self.match = Match()  # for the dynamic use (extend): the text read against itself, one token behind
+        self.sequences: list[list[int]] = []  # a static automaton's sequences (of_sequences)
 
     @classmethod
     def of_sequences(cls, sequences: Iterable[Sequence[int]]) -> "SuffixAutomaton":
         """A static automaton over several token sequences, joined by separators -1, -2, ... (never a token id)."""
         sam = cls()
-        for i, sequence in enumerate(sequences):
+        sam.sequences = [list(sequence) for sequence in sequences]
+        for i, sequence in enumerate(sam.sequences):
             for token in sequence:
                 sam.append(int(token))
             sam.append(-1 - i)

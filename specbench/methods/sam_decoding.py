@@ -133,12 +133,33 @@ class SamDecoding(ProposerMethod):
         self.corpus_bias = corpus_bias
         self.static = None if corpus is None else SuffixAutomaton.of_sequences(load_corpus(corpus))
         self.fallback = build_fallback(fallback, pair, temperature, top_p, seed)
+        require(not getattr(self.fallback, "tunes_length", False), "method.fallback",
+                "a proposal length of auto is not tuned inside sam_decoding; give the fallback a number")
         self.needs_draft = getattr(self.fallback, "needs_draft", False)  # autotune prices the draft's forwards
+        if self.static is not None:  # a ConfigOnlyPair without a vocabulary stops the early build here
+            largest = max((max(s) for s in self.static.sequences if s), default=-1)
+            require(largest < pair.vocab_size, "method.corpus", f"holds token id {largest}, but the pair's "
+                    f"vocabulary has {pair.vocab_size}: tokenize the corpus with the pair's tokenizer")
 
     def reset(self, seed: int = 0) -> None:
-        super().reset(seed)
+        super().reset(seed)  # the one sampler of the loop (the fallback's proposer draws with it too)
         if self.fallback is not None:
             self.fallback.reset(seed)
+
+    @property
+    def carries_state(self) -> bool:  # the automaton is per prompt; a fallback's persistent SL carries
+        return self.fallback is not None and self.fallback.carries_state
+
+    def carried_state(self):
+        return self.fallback.carried_state()
+
+    def restore_state(self, state) -> None:
+        if self.fallback is not None:
+            self.fallback.restore_state(state)
+
+    def prepare(self, prompt_ids, max_new_tokens: int, eos_ids: set[int]) -> None:
+        if self.fallback is not None:  # an oracle fallback learns the target's output here (untimed)
+            self.fallback.prepare(prompt_ids, max_new_tokens, eos_ids)
 
     def step_blocks(self) -> dict[str, int]:
         fallback = self.fallback.step_blocks().get("target", 0) if self.fallback is not None else 0
