@@ -25,6 +25,7 @@ from specbench.methods.speculative import SpeculativeDecoding
 from .distribution_helpers import one_thread  # noqa: F401  (autouse fixture: one torch thread)
 from .distribution_helpers import EOS as SMALL_EOS
 from .distribution_helpers import exact_sequence_distribution, goodness_of_fit, sample_generations, small_vocab_pair
+from .conftest import run_cli
 from .test_config import composed
 from .test_counters import check_counters
 from .test_equivalence import greedy_reference, pair_for
@@ -465,3 +466,16 @@ def test_a_fallbacks_carried_state_is_the_methods():
     assert state == policy.carried_state()
     method.restore_state(None)
     assert method.carried_state() != state or state == HeuristicSL(initial=3).carried_state()
+
+
+def test_the_cli_runs_sam_speculative_and_refuses_a_bad_fallback_key_before_loading(tmp_path):
+    records = tmp_path / "records"
+    proc = run_cli("method=sam_speculative", "data=gsm8k", "data.limit=2", "data.max_new_tokens=16",
+                   records_dir=records)
+    lines = [json.loads(line) for path in records.rglob("*.jsonl") for line in path.read_text().splitlines()]
+    ours = [r for r in lines if r.get("method") == "sam_speculative"]
+    assert ours and all({"steps", "steps_sam", "source", "fallback"} <= set(r["extra"]) for r in ours), proc.stdout
+    proc = run_cli("method=sam_speculative", "method.fallback.gamma=0", "data=gsm8k", "data.limit=1",
+                   records_dir=tmp_path / "bad", check=False)
+    assert proc.returncode == 2 and "method.fallback.gamma: must be a positive integer" in proc.stderr
+    assert "Loading" not in proc.stderr
