@@ -3,6 +3,7 @@ occurrences, the shorter-suffix rule, a static corpus), the proposer's choice be
 output identical to greedy (alone and with a draft-model fallback), caches and distributions exact above T=0, bad
 settings and the configs' composition."""
 import json
+import time
 
 import pytest
 import torch
@@ -479,3 +480,16 @@ def test_the_cli_runs_sam_speculative_and_refuses_a_bad_fallback_key_before_load
                    records_dir=tmp_path / "bad", check=False)
     assert proc.returncode == 2 and "method.fallback.gamma: must be a positive integer" in proc.stderr
     assert "Loading" not in proc.stderr
+
+
+def test_a_long_prompt_and_a_long_loop_cost_little_per_step():
+    prompt = [(i * 7919) % 5000 for i in range(20000)] + [7] * 2000  # a long text, then a loop of period 1
+    proposer = SamProposer(10, 1)
+    tokens = list(prompt)
+    start = time.perf_counter()
+    for step in range(500):
+        proposal = proposer.propose(StepContext(tokens, step, 1000, set(), Sampler()))
+        assert len(proposer.sam.tokens) == len(tokens)  # every committed token read once, never rescanned
+        tokens += proposal.tokens[:1] + [step % 5000]
+    elapsed = time.perf_counter() - start
+    assert elapsed < 5.0, elapsed  # about 0.5 s here, with 2 busy cores

@@ -116,11 +116,11 @@ class SuffixAutomaton:
         if match.length == 0 or want <= 0:
             return []
         state = match.state
-        out = self._after(state, want)
-        while len(out) < want and self.link[state] > 0:
+        while self.link[state] > 0:  # the cheap test first: tokens after the first end, separators not counted
+            if len(self.tokens) - 1 - self.first_end[state] >= want and len(self._after(state, want)) == want:
+                break
             state = self.link[state]
-            out = self._after(state, want)
-        return out
+        return self._after(state, want)
 
     def _after(self, state: int, want: int) -> list[int]:
         """Up to ``want`` tokens after the first occurrence of ``state``'s strings, cut at a separator."""
