@@ -42,8 +42,11 @@ def build(node: DictConfig, key: str, **kwargs):
 
 def method_as_recorded(method: dict) -> dict:
     """A resolved method config as run keys and records name it: a head named by its name by its path (``located``),
-    and a trained draft head's weights by their sha256 (``head_sha256``: method=eagle / griffin)."""
+    and a trained draft head's weights by their sha256 (``head_sha256``: method=eagle / griffin); a method nested in
+    it (sam_decoding's ``method.fallback``) likewise."""
     method = located(method)
+    if isinstance(method, dict) and any(isinstance(v, dict) and "_target_" in v for v in method.values()):
+        method = {k: method_as_recorded(v) if isinstance(v, dict) and "_target_" in v else v for k, v in method.items()}
     head_sha256 = recorded_sha256(method)
     return {**method, "head_sha256": head_sha256} if head_sha256 else method
 

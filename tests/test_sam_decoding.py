@@ -9,8 +9,9 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from omegaconf import OmegaConf
 
-from specbench.components import build, needs_draft_model
+from specbench.components import build, method_as_recorded, needs_draft_model
 from specbench.config_check import check_components
 from specbench.decoding import loop
 from specbench.decoding.cached_lm import CachedLM
@@ -18,6 +19,7 @@ from specbench.decoding.proposal import Proposal, StepContext
 from specbench.decoding.sampling import Sampler
 from specbench.decoding.suffix_automaton import Match, SuffixAutomaton
 from specbench.errors import ConfigError
+from specbench.models.head_names import head_location
 from specbench.methods.feature_head import FeatureHeadMethod
 from specbench.methods.sam_decoding import SamDecoding, SamProposer
 from specbench.methods.sl_policies import HeuristicSL
@@ -493,3 +495,17 @@ def test_a_long_prompt_and_a_long_loop_cost_little_per_step():
         tokens += proposal.tokens[:1] + [step % 5000]
     elapsed = time.perf_counter() - start
     assert elapsed < 5.0, elapsed  # about 0.5 s here, with 2 busy cores
+
+
+def test_sam_eagles_run_key_names_the_heads_weights(tmp_path):
+    """SAM[EAGLE-2] is recorded with its fallback's head by location and sha256, as method=eagle is."""
+    cfg = composed("method=sam_speculative", "method@method.fallback=eagle", f"paths.heads={tmp_path}",
+                   "model=tiny_llama")
+    method = OmegaConf.to_container(cfg.method, resolve=True)
+    random_head(pair_for("llama", 0.05), "eagle", head_location(method["fallback"]["head"],
+                                                                 method["fallback"]["heads_dir"]))
+    recorded = method_as_recorded(method)
+    assert recorded["fallback"]["head_sha256"] and "heads_dir" not in recorded["fallback"]
+    assert recorded["fallback"]["head_sha256"] == method_as_recorded(method["fallback"])["head_sha256"]
+    plain = OmegaConf.to_container(composed("method=sam_speculative").method, resolve=True)
+    assert method_as_recorded(plain) == plain  # nothing to add: the run key is unchanged
