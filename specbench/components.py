@@ -42,8 +42,11 @@ def build(node: DictConfig, key: str, **kwargs):
 
 def method_as_recorded(method: dict) -> dict:
     """A resolved method config as run keys and records name it: a head named by its name by its path (``located``),
-    and a trained draft head's weights by their sha256 (``head_sha256``: method=eagle / griffin)."""
+    and a trained draft head's weights by their sha256 (``head_sha256``: method=eagle / griffin); a method nested in
+    it (sam_decoding's ``method.fallback``) likewise."""
     method = located(method)
+    if isinstance(method, dict) and any(isinstance(v, dict) and "_target_" in v for v in method.values()):
+        method = {k: method_as_recorded(v) if isinstance(v, dict) and "_target_" in v else v for k, v in method.items()}
     head_sha256 = recorded_sha256(method)
     return {**method, "head_sha256": head_sha256} if head_sha256 else method
 
@@ -153,7 +156,16 @@ def needs_draft_model(cfg: DictConfig) -> bool:
     class a ``_target_`` names; a target that does not say is assumed to). When neither does, the pair loads
     without it: feature-head, n-gram and greedy runs leave ~1 GB (embedded) to a 7B draft's weights unloaded.
     Both targets resolve here: ``check_components`` has built each before any run reaches ``measure``."""
-    return any(getattr(get_object(node._target_), "needs_draft", True) for node in (cfg.method, cfg.baseline))
+    return any(drafts_with_draft_model(node) for node in (cfg.method, cfg.baseline))
+
+
+def drafts_with_draft_model(node: DictConfig) -> bool:
+    """``needs_draft`` of the node's target, or of a method nested in it (sam_decoding's ``method.fallback``)."""
+    if getattr(get_object(node._target_), "needs_draft", True):
+        return True
+    return any(isinstance(value, DictConfig) and "_target_" in value
+               and getattr(get_object(value._target_), "needs_draft", False) and drafts_with_draft_model(value)
+               for value in node.values())
 
 
 def engine_of(cfg: DictConfig):

@@ -212,7 +212,7 @@ def check_node(node: dict, key: str, runtime: dict[str, str]) -> None:
         require(name not in runtime, f"{key}.{name}", f"not a {key} setting: {runtime.get(name)}")
         require(name in params, f"{key}.{name}", unknown(name, valid, f"key for {target}"))
         if isinstance(value, dict) and "_target_" in value:
-            check_node(value, f"{key}.{name}", {})
+            check_node(value, f"{key}.{name}", nested_runtime(value, runtime))
             continue
         annotation = params[name].annotation
         message = problem(value, annotation) if annotation is not None else None
@@ -224,6 +224,16 @@ def check_node(node: dict, key: str, runtime: dict[str, str]) -> None:
     for name, param in params.items():
         require(param.default is not inspect.Parameter.empty or name in node or name in runtime, f"{key}.{name}",
                 f"missing; {target} needs it ({describe(param.annotation) if param.annotation else 'a value'})")
+
+
+def nested_runtime(node: dict, runtime: dict[str, str]) -> dict[str, str]:
+    """The runtime arguments of a nested node: a method's own (pair, sampling) when a method nests another method
+    (``method.fallback`` of sam_decoding, built by it with the same pair and sampling), else none."""
+    try:
+        nested_is_method = runtime is METHOD_RUNTIME and "pair" in parameters(get_object(node["_target_"]))
+    except Exception:  # noqa: BLE001 - a target that does not import is named by check_node itself
+        nested_is_method = False
+    return METHOD_RUNTIME if nested_is_method else {}
 
 
 @dataclass

@@ -3,6 +3,7 @@ from specbench.methods.disco import DiscoClassifier, DiscoSL
 from specbench.methods.lookahead import Lookahead
 from specbench.methods.ouroboros import Ouroboros
 from specbench.methods.prompt_lookup import PromptLookup
+from specbench.methods.sam_decoding import SamDecoding
 from specbench.methods.sl_policies import ConfidenceSL, HeuristicSL
 from specbench.methods.specinfer import SpecInfer
 from specbench.methods.speculative import SpeculativeDecoding
@@ -23,4 +24,7 @@ def loop_methods(pair, gamma: int) -> dict:
         "prompt_lookup": PromptLookup(pair, "prompt_lookup", num_pred_tokens=gamma),
         "token_recycling": TokenRecycling(pair, "token_recycling", tree=[2, 1, 1][:gamma]),
         **({"swift": Swift(pair, gamma=gamma, search_trials=2)} if runs_layer_skipping(pair) else {}),  # torch only
+        "sam_decoding": SamDecoding(pair, "sam_decoding", max_draft=gamma),
+        "sam_speculative": SamDecoding(pair, "sam_speculative", max_draft=gamma, min_match_length=2,
+                                       fallback=SpeculativeDecoding(pair, "speculative", gamma=gamma)),
     }

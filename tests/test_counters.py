@@ -11,6 +11,7 @@ from specbench.methods.hf_assisted import HFAssisted
 from specbench.methods.lookahead import Lookahead
 from specbench.methods.ouroboros import Ouroboros
 from specbench.methods.prompt_lookup import PromptLookup
+from specbench.methods.sam_decoding import SamDecoding
 from specbench.methods.sl_policies import ConfidenceSL, HeuristicSL, OracleSL, PerplexitySL
 from specbench.methods.specinfer import SpecInfer
 from specbench.methods.speculative import SpeculativeDecoding
@@ -30,9 +31,13 @@ METHODS = {
     "greedy": lambda pair, g: Greedy(pair, "greedy"),
     "prompt_lookup": lambda pair, g: PromptLookup(pair, max_ngram_size=g % 3 + 1, num_pred_tokens=g),
     "specinfer": lambda pair, g: SpecInfer(pair, widths=[3, 2] + [1] * (g - 1), max_nodes=2 * g + 4),
+    "sam_decoding": lambda pair, g: SamDecoding(pair, max_draft=g),
+    "sam_speculative": lambda pair, g: SamDecoding(pair, "sam_speculative", max_draft=g, min_match_length=2,
+                                                   fallback=SpeculativeDecoding(pair, "speculative", gamma=g)),
 }
 ONE_FORWARD_PER_STEP = {"speculative", "dyn_heur", "confidence", "ppl", "oracle_sl", "hf_assisted", "lookahead",
-                        "ouroboros", "ouroboros_plain", "greedy", "prompt_lookup", "specinfer"}
+                        "ouroboros", "ouroboros_plain", "greedy", "prompt_lookup", "specinfer", "sam_decoding",
+                        "sam_speculative"}
 
 
 def check_counters(gen, name: str) -> None:

@@ -16,6 +16,7 @@ from specbench.methods.feature_head import FeatureHeadMethod
 from specbench.methods.greedy import Greedy
 from specbench.methods.hf_assisted import HFAssisted, assisted_supports_static_caches
 from specbench.methods.lookahead import Lookahead
+from specbench.methods.sam_decoding import SamDecoding
 from specbench.methods.sl_policies import HeuristicSL
 from specbench.methods.specinfer import SpecInfer
 from specbench.methods.speculative import SpeculativeDecoding
@@ -225,6 +226,8 @@ def methods(pair, gamma: int, heads: dict):
     made = loop_methods(pair, gamma)
     for kind, directory in heads.items():
         made[kind] = FeatureHeadMethod(pair, kind, kind=kind, head=directory, top_k=3, depth=3, max_nodes=8)
+    if "eagle" in made:  # SAM[EAGLE-2]: the head's features must follow the steps the automaton drafts
+        made["sam_eagle"] = SamDecoding(pair, "sam_eagle", max_draft=gamma, min_match_length=2, fallback=made["eagle"])
     if assisted_supports_static_caches():
         made["hf_assisted"] = HFAssisted(pair, "hf_assisted", gamma=gamma)
     return made
