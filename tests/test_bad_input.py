@@ -170,7 +170,8 @@ def test_every_shipped_option_passes_the_checks(group, tmp_path):
             with pytest.raises(ConfigError, match=r"^model\.target_gguf: pair 'gguf' needs the path"):
                 check_components(cfg)
             continue
-        if group == "method" and cfg.method._target_ == "specbench.methods.feature_head.FeatureHeadMethod":
+        if group == "method" and cfg.method._target_ in ("specbench.methods.feature_head.FeatureHeadMethod",
+                                                         "specbench.methods.medusa.MedusaMethod"):
             with pytest.raises(ConfigError,
                                match=r"^method\.head: no trained head at .*python -m specbench\.training\.heads"):
                 check_components(cfg)  # needs a trained head: refused before any model loads

@@ -11,6 +11,7 @@ from specbench.errors import ConfigError
 from specbench.models.head_artifact import located, save_head
 from specbench.models.draft_head import DraftHead, HeadConfig
 from specbench.models.head_names import head_location
+from specbench.models.medusa_heads import MedusaConfig, MedusaHeads, save_medusa
 from specbench.paper_tables import read_table
 
 from .conftest import ROOT, run_cli
@@ -116,6 +117,12 @@ def test_tiny_pairs_and_methods_instantiate(name, tmp_path):
             with pytest.raises(ConfigError, match="method=swift: runs the target's decoder layers itself"):
                 build(node, "method", pair=pair, temperature=0.0, top_p=1.0, seed=0)
             continue
+        if node._target_ == "specbench.methods.medusa.MedusaMethod":  # needs trained heads
+            with pytest.raises(ConfigError,
+                               match=r"method\.head: no trained head at .*python -m specbench\.training\.heads"):
+                build(node, "method", pair=pair, temperature=0.0, top_p=1.0, seed=0)
+            config = MedusaConfig.for_target(pair.target.config, node.kind)
+            save_medusa(head_location(node.head, node.heads_dir), MedusaHeads(config), {"test": True})
         if node._target_ == "specbench.methods.engine_only.EngineMethod":  # vLLM's own methods (EAGLE, MTP ...)
             with pytest.raises(ConfigError, match=f"method={method}: runs only with engine=vllm"):
                 build(node, "method", pair=pair, temperature=0.0, top_p=1.0, seed=0)

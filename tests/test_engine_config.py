@@ -225,6 +225,19 @@ def test_eagle_needs_a_published_head(installed, tmp_path):
         speculative_config(method("method=griffin"), FILES)
 
 
+def test_medusa_is_ours_on_hf_and_vllms_medusa_with_a_published_head(installed, tmp_path):
+    """method=medusa was an engine=vllm-only EngineMethod; it is now our MedusaMethod (heads trained here, engine=hf),
+    and under engine=vllm it maps to vLLM's medusa with a published head, as method=eagle does."""
+    assert method("method=medusa")["_target_"] == "specbench.methods.medusa.MedusaMethod"
+    assert speculative_config(method("method=medusa", "method.head=FasterDecoding/medusa-vicuna-7b-v1.3"), FILES) == {
+        "method": "medusa", "num_speculative_tokens": 4, "model": "FasterDecoding/medusa-vicuna-7b-v1.3"}
+    (tmp_path / "head.json").write_text("{}")  # heads trained here: specbench's format, not vLLM's
+    with pytest.raises(ConfigError, match=r"^method\.head: .* is a head trained here \(specbench format\)"):
+        speculative_config(method("method=medusa", f"method.head={tmp_path}"), FILES)
+    with pytest.raises(ConfigError, match=r"^method\.kind: vLLM has no Hydra drafting"):
+        speculative_config(method("method=hydra"), FILES)
+
+
 def test_method_the_installed_vllm_lacks_lists_the_installed_ones(monkeypatch):
     monkeypatch.setattr(vllm_methods, "installed_methods", lambda: ["draft_model", "ngram"])
     with pytest.raises(ConfigError, match=r"^method\.engine_method: the installed vLLM has no speculative method "

@@ -379,3 +379,79 @@ def test_training_flushes_denormals_and_restores_the_setting():
             assert float(tiny * 1.0) == 0.0
         assert float(tiny * 1.0) == 0.0  # only the outermost context restores
     assert float(tiny * 1.0) > 0
+
+
+# -- Medusa / Hydra heads on the same pipeline -------------------------------------------------------------------
+
+@pytest.mark.parametrize("kind", ["medusa", "hydra"])
+def test_medusa_training_lowers_the_loss_of_every_head(tmp_path, kind):
+    from specbench.models.medusa_heads import MedusaConfig, MedusaHeads
+    from specbench.training.heads.medusa import medusa_batches, medusa_loss, train_medusa_stage
+
+    sequences = tiny_data(tmp_path / "data")
+    heads = MedusaHeads(MedusaConfig.for_target(PAIR.target.config, kind, heads=3)).to(PAIR.device)
+    parts = TargetParts.of(PAIR.target, None)
+    s = settings(stages=[Stage(1, 15, 3e-3)], batch_tokens=64)
+    plan = medusa_batches(sequences, s, 3, seed=0)
+    assert all(len(b["h"]) <= 64 for b in plan) and plan[0]["ahead"].shape[1] == 4
+
+    def per_head():
+        with torch.no_grad():
+            stats = [medusa_loss(heads, parts, b, 1.0)[1] for b in plan]
+        return [sum(s[k][0] for s in stats) / sum(s[k][1] for s in stats) for k in range(3)]
+    before = sum(float(medusa_loss(heads, parts, b, 0.8)[0].detach()) for b in plan)
+    top1_before = per_head()
+    history = train_medusa_stage(heads, parts, s, s.stages[0], 1, sequences, 0.8, log=lambda m: None)
+    after = sum(float(medusa_loss(heads, parts, b, 0.8)[0].detach()) for b in plan)
+    assert after < 0.9 * before and len(history) == len(plan) * 15
+    assert all(a > b for a, b in zip(per_head(), top1_before))  # every head learns its token k+1 ahead
+
+
+def test_medusa_batches_pair_h_t_with_the_tokens_ahead():
+    from specbench.training.heads.medusa import medusa_batches
+
+    seq = {"ids": torch.tensor([10, 11, 12, 13, 14]), "start": 3, "hidden": torch.arange(5.0)[:, None].repeat(1, 2)}
+    (batch,) = medusa_batches([seq], settings(batch_tokens=100), 2, seed=0)
+    rows = sorted(zip(batch["h"][:, 0].tolist(), batch["ahead"].tolist(), batch["answer"].tolist()))
+    # t = 1, 2 (head 1's token x_{t+2} is an answer token, from position 3 on, and exists)
+    assert rows == [(1.0, [12, 13, 14], [False, True, True]), (2.0, [13, 14, -1], [True, True, False])]
+
+
+def medusa_cfg(tmp_path, kind, *overrides):
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        return compose(config_name="heads", overrides=[
+            "model=tiny_llama", f"model.device={TEST_DEVICE}", f"data.path={sharegpt_file(tmp_path / 'sg.json', 14)}",
+            "data.prompts=10", "data.max_new_tokens=20", "data.batch_size=4", "data.exclude=[]", f"head={kind}",
+            "head.train.batch_tokens=64", "head.train.max_length=64", f"paths.root={tmp_path / 'runs'}", *overrides])
+
+
+@pytest.mark.parametrize("kind", ["medusa", "hydra"])
+def test_pipeline_trains_medusa_heads_then_the_method_decodes_with_them(tmp_path, kind):
+    cfg = medusa_cfg(tmp_path, kind, "head.heads=3", "head.train.stages=[{passes:1,epochs:3,lr:3e-3}]")
+    with pytest.raises(ConfigError, match=r"^head\.train\.stages: medusa heads train with one pass per step"):
+        HeadPipeline(medusa_cfg(tmp_path, "medusa", "head.train.stages=[{passes:2,epochs:1,lr:1e-3}]"))
+    with pytest.raises(ConfigError, match=r"^head\.heads: "):
+        HeadPipeline(medusa_cfg(tmp_path, "hydra", "head.heads=0"))
+    pipeline = HeadPipeline(cfg)
+    pipeline.run("all")
+    head_dir = tmp_path / "runs" / "heads" / "tiny-llama" / kind
+    meta = json.loads((head_dir / "head.json").read_text())
+    assert meta["config"]["kind"] == kind and meta["config"]["heads"] == 3 and meta["provenance"]["stage"] == 1
+    evaluation = json.loads((head_dir / "evaluation.json").read_text())
+    assert len(evaluation["heads"]) == 3 and evaluation["expected_chain_tau"] >= 1
+    if kind == "hydra":
+        from specbench.methods.medusa import MedusaMethod
+        from specbench.methods.greedy import Greedy
+        method = MedusaMethod(PAIR, "hydra", kind="hydra", head=str(head_dir), depth=3)
+        prompt = PAIR.encode("prompt 3: say something about 21")
+        assert method.generate(prompt, 16, set()).tokens == Greedy(PAIR, "g").generate(prompt, 16, set()).tokens
+        return
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        run_cfg = compose(config_name="config", overrides=[
+            "model=tiny_llama", f"model.device={TEST_DEVICE}", "method=medusa", "method.depth=3",
+            f"paths.root={tmp_path / 'runs'}", "data=gsm8k", "data.limit=2", "data.max_new_tokens=12",
+            "runner.warmup=0", "runner.progress=false"])
+    summary = benchmark.run(run_cfg)
+    assert summary["identical"] == summary["compared"] == 2
+    record = json.loads(next((tmp_path / "runs" / "records").rglob("*medusa*.jsonl")).read_text().splitlines()[0])
+    assert record["config"]["method"]["head_sha256"] == meta["sha256"]

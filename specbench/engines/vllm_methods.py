@@ -76,16 +76,36 @@ def feature_head(method: dict, files: ModelFiles) -> dict:
     return {"method": "eagle", "model": head, "num_speculative_tokens": method.get("depth", 5)}
 
 
+def medusa_heads(method: dict, files: ModelFiles) -> dict:
+    """method=medusa: vLLM's Medusa with a published head (Hugging Face id or its downloaded directory, Medusa's
+    format); heads trained here and Hydra's run with engine=hf."""
+    from pathlib import Path
+
+    from ..models.head_artifact import CONFIG_FILE, located
+
+    require(method.get("kind", "medusa") == "medusa", "method.kind",
+            "vLLM has no Hydra drafting; method=hydra runs with engine=hf")
+    head = located(method).get("head")
+    require(bool(head), "method.head", "vLLM's medusa needs Medusa heads made for this target")
+    require(not (Path(str(head)).expanduser() / CONFIG_FILE).exists(), "method.head",
+            f"{head} is a head trained here (specbench format); vLLM loads Medusa heads in their published format "
+            "(a Hugging Face id such as FasterDecoding/medusa-vicuna-7b-v1.3). Heads trained here run with engine=hf")
+    positive_int(method.get("depth", 4), "method.depth")
+    return {"method": "medusa", "model": head, "num_speculative_tokens": method.get("depth", 4)}
+
+
 SPECULATIVE_CONFIGS = {
     "specbench.methods.greedy.Greedy": no_speculation,
     "specbench.methods.speculative.SpeculativeDecoding": draft_model,
     "specbench.methods.prompt_lookup.PromptLookup": ngram,
     "specbench.methods.engine_only.EngineMethod": engine_method,
     "specbench.methods.feature_head.FeatureHeadMethod": feature_head,
+    "specbench.methods.medusa.MedusaMethod": medusa_heads,
 }
 # our own classes among them, whose constructors check their settings (the others exist only in vLLM)
 CONSTRUCTIBLE = set(SPECULATIVE_CONFIGS) - {"specbench.methods.engine_only.EngineMethod",
-                                            "specbench.methods.feature_head.FeatureHeadMethod"}
+                                            "specbench.methods.feature_head.FeatureHeadMethod",
+                                            "specbench.methods.medusa.MedusaMethod"}
 OURS = "greedy, speculative (fixed γ), prompt_lookup, eagle, eagle3, medusa, mtp, suffix"
 
 

@@ -23,28 +23,37 @@ from pathlib import Path
 import torch
 
 from ..errors import ConfigError
-from .draft_head import DraftHead, HeadConfig
+from .draft_head import KINDS, DraftHead, HeadConfig
 from .files import sha256_of as sha256_file
 from .head_names import head_location
 
 CONFIG_FILE, WEIGHTS_FILE = "head.json", "head.safetensors"
 FEATURE_HEAD_METHOD = "specbench.methods.feature_head.FeatureHeadMethod"
+MEDUSA_METHOD = "specbench.methods.medusa.MedusaMethod"
+# method classes whose ``head`` names a head artifact (located by name, recorded by sha256)
+HEAD_METHODS = (FEATURE_HEAD_METHOD, MEDUSA_METHOD)
 
 
 def save_head(directory: Path, head: DraftHead, draft_ids: torch.Tensor | None, provenance: dict) -> str:
     """Write the artifact (weights first, then head.json naming their hash); returns the sha256."""
+    tensors = {name: p.detach().float().cpu().contiguous() for name, p in head.state_dict().items()}
+    if draft_ids is not None:
+        tensors["draft_ids"] = draft_ids.long().cpu().contiguous()
+    return save_artifact(directory, tensors, head.cfg.as_dict(), provenance)
+
+
+def save_artifact(directory: Path, tensors: dict, config: dict, provenance: dict) -> str:
+    """Any head's artifact (EAGLE/GRIFFIN here, Medusa/Hydra in medusa_heads.py): weights first, then head.json
+    with its ``config`` (``kind`` first among what tells heads apart) and the weights' sha256."""
     from safetensors.torch import save_file
 
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    tensors = {name: p.detach().float().cpu().contiguous() for name, p in head.state_dict().items()}
-    if draft_ids is not None:
-        tensors["draft_ids"] = draft_ids.long().cpu().contiguous()
     weights = directory / WEIGHTS_FILE
     save_file(tensors, str(weights.with_suffix(".tmp")))
     weights.with_suffix(".tmp").replace(weights)
     sha = sha256_file(weights)
-    meta = {"config": head.cfg.as_dict(), "sha256": sha, "provenance": provenance}
+    meta = {"config": config, "sha256": sha, "provenance": provenance}
     tmp = directory / (CONFIG_FILE + ".tmp")
     tmp.write_text(json.dumps(meta, indent=1, sort_keys=True))
     tmp.replace(directory / CONFIG_FILE)
@@ -86,7 +95,8 @@ def missing(directory: Path, key: str) -> ConfigError:
                        "griffin), or name a published head's Hugging Face id")
 
 
-def load_local(directory: Path, key: str = "method.head") -> HeadArtifact:
+def read_artifact(directory: Path, key: str = "method.head") -> tuple[dict, dict, str]:
+    """(head.json, the weights, their sha256) of an artifact directory, the hash checked against head.json's."""
     from safetensors.torch import load_file
 
     directory = Path(directory)
@@ -98,7 +108,15 @@ def load_local(directory: Path, key: str = "method.head") -> HeadArtifact:
     if sha != meta.get("sha256"):
         raise ConfigError(f"{key}: {weights} does not match the sha256 in {config_file} (a partial or edited file); "
                           "re-run the training stage that wrote it")
-    state = load_file(str(weights))
+    return meta, load_file(str(weights)), sha
+
+
+def load_local(directory: Path, key: str = "method.head") -> HeadArtifact:
+    meta, state, sha = read_artifact(directory, key)
+    kind = meta["config"].get("kind")
+    if kind not in KINDS:  # a Medusa / Hydra head (models/medusa_heads.py)
+        raise ConfigError(f"{key}: {directory} is a {kind} head, not a feature-level (eagle/griffin) one "
+                          f"(method={kind} runs it)")
     draft_ids = state.pop("draft_ids", None)
     return HeadArtifact(HeadConfig(**meta["config"]), state, draft_ids, sha, str(directory), meta.get("provenance", {}))
 
@@ -107,7 +125,7 @@ def located(method: dict) -> dict:
     """A method config with its head by location: a feature-head method's head named by its name (``griffin_top5``)
     becomes ``<heads_dir>/griffin_top5`` and ``heads_dir`` goes (the location holds it). Runs are identified and
     recorded so, as they were when a method config named its head by its path: their run keys are unchanged."""
-    if not isinstance(method, dict) or method.get("_target_") != FEATURE_HEAD_METHOD or "heads_dir" not in method:
+    if not isinstance(method, dict) or method.get("_target_") not in HEAD_METHODS or "heads_dir" not in method:
         return method
     method = dict(method)
     method["head"] = head_location(method.get("head"), method.pop("heads_dir"))
@@ -118,7 +136,7 @@ def recorded_sha256(method: dict) -> str | None:
     """The sha256 a head artifact's head.json records, for a method config naming one (None otherwise): part of
     the run's identity, so retraining a head at the same path starts a new run instead of mixing records."""
     head = located(method).get("head")
-    if not isinstance(head, str) or method.get("_target_") != FEATURE_HEAD_METHOD:
+    if not isinstance(head, str) or method.get("_target_") not in HEAD_METHODS:
         return None
     path = Path(head).expanduser() / CONFIG_FILE
     if not path.is_file():
@@ -182,9 +200,9 @@ def read_state(directory: Path) -> dict:
     return state
 
 
-def weights_digest(directory: Path) -> str:
+def weights_digest(directory: Path, patterns=("*.safetensors", "*.bin")) -> str:
     digest = hashlib.sha256()
-    for f in sorted(list(directory.glob("*.safetensors")) + list(directory.glob("*.bin"))):
+    for f in sorted(f for pattern in patterns for f in directory.glob(pattern)):
         digest.update(sha256_file(f).encode())
     return digest.hexdigest()
 

@@ -32,10 +32,13 @@ from hydra import compose
 from omegaconf import DictConfig, OmegaConf
 
 from ... import components
-from ...errors import ConfigError, require
+from ...errors import ConfigError, positive_int, require
 from ...models.draft_head import DraftHead, HeadConfig, TargetParts, parameter_count
 from ...models.head_artifact import CONFIG_FILE, WEIGHTS_FILE, load_local, save_head
+from ...models.medusa_heads import KINDS as MEDUSA_KINDS
+from ...models.medusa_heads import MedusaConfig, MedusaHeads, load_medusa, save_medusa
 from .extract import extract, load_sequences
+from .medusa import evaluate_medusa, train_medusa_stage
 from .sharegpt import package_file, training_conversations
 from .train import (StageRun, TrainSettings, check_predecessor, draft_vocabulary, evaluate, flushed_denormals,
                     keep_freed_memory, split, target_to_draft, write_json)
@@ -92,12 +95,22 @@ class HeadPipeline:
         require(self.head_cfg.get("init", "random") in INITS, "head.init",
                 f"must be one of {list(INITS)}, got {self.head_cfg.get('init')!r}")
         self.settings = self._settings()
+        if self.medusa:
+            require(all(stage.passes == 1 for stage in self.settings.stages), "head.train.stages",
+                    f"{self.head_cfg['kind']} heads train with one pass per step (passes: 1)")
+            for key in ("heads", "layers"):
+                positive_int(self.head_cfg.get(key, 1), f"head.{key}")
         self.model_cfg = cfg.model
         self.data = plain(cfg.data)
         self.base = Path(cfg.out_dir) / self.model_cfg.name
         self.data_dir = self.base / f"data-{digest(self.data_identity())}"
         self.head_dir = self.base / self.head_cfg["name"]
         self._pair = None
+
+    @property
+    def medusa(self) -> bool:
+        """Medusa / Hydra heads (training/heads/medusa.py), not a feature-level draft head."""
+        return self.head_cfg["kind"] in MEDUSA_KINDS
 
     def _settings(self) -> TrainSettings:
         train = dict(self.head_cfg["train"])
@@ -190,6 +203,8 @@ class HeadPipeline:
 
     def _train_stages(self, indices: list[int]) -> None:
         keep_freed_memory()
+        if self.medusa:
+            return self._train_medusa(indices)
         sequences = load_sequences(self.data_dir)
         pair = self.pair
         target = pair.target
@@ -213,6 +228,40 @@ class HeadPipeline:
                                                                    time.perf_counter() - began))
             (stage_dir / "partial.pt").unlink(missing_ok=True)
             log(f"[heads] stage {index}: saved {stage_dir} ({parameter_count(head) / 1e6:.1f} M parameters)")
+
+    def _train_medusa(self, indices: list[int]) -> None:
+        sequences = load_sequences(self.data_dir)
+        target = self.pair.target
+        options = {k: v for k, v in self.head_cfg.items() if k in MEDUSA_OPTIONS and v is not None}
+        config = MedusaConfig.for_target(target.config, self.head_cfg["kind"], **options)
+        train_set, _ = split(sequences, self.head_cfg.get("holdout", 0.05), self.settings.seed)
+        parts = TargetParts.of(target, None, torch.float32)
+        history = self._history()
+        for index in indices:
+            stage_dir = self.head_dir / f"stage-{index}"
+            check_predecessor(self.head_dir, index)
+            heads = self._start_medusa(config, index, parts).to(parts.device)
+            began = time.perf_counter()
+            rows = train_medusa_stage(heads, parts, self.settings, self.settings.stages[index - 1], index, train_set,
+                                      float(self.head_cfg.get("decay", 0.8)), log)
+            history[str(index)] = rows
+            write_json(self.head_dir / "history.json", history)
+            save_medusa(stage_dir, heads, self._provenance(index, sequences, train_set, rows,
+                                                           time.perf_counter() - began))
+            log(f"[heads] stage {index}: saved {stage_dir} ({parameter_count(heads) / 1e6:.1f} M parameters)")
+
+    def _start_medusa(self, config: MedusaConfig, index: int, parts: TargetParts) -> MedusaHeads:
+        """Stage 1: new heads (residual blocks and Hydra's input projections zero: every head starts as the target's
+        lm_head on h_t; own lm_heads copy the target's, as Medusa-1 initialises them); later: the stage before."""
+        if index > 1:
+            return load_medusa(str(self.head_dir / f"stage-{index - 1}"), config.kind, key="head").build(torch.float32)
+        torch.manual_seed(self.settings.seed)  # the residual blocks' biases
+        heads = MedusaHeads(config)
+        if config.own_lm_head:
+            with torch.no_grad():
+                for lm_head in heads.lm_heads:
+                    lm_head.weight.copy_(parts.lm_head_weight.float().cpu())
+        return heads
 
     def _reuse_stage(self, index: int, identity: dict) -> bool:
         """Copy stage ``index`` from a sibling head whose training up to that stage is the same as this one's
@@ -261,6 +310,8 @@ class HeadPipeline:
                 "torch": torch.__version__}
 
     def evaluate(self) -> None:
+        if self.medusa:
+            return self._evaluate_medusa()
         artifact = load_local(self.head_dir, "head")
         sequences = load_sequences(self.data_dir)
         _, held_out = split(sequences, self.head_cfg.get("holdout", 0.05), self.settings.seed)
@@ -274,6 +325,21 @@ class HeadPipeline:
         log(f"[heads] evaluation ({len(held_out)} held-out sequences): top-1 by depth {depths}; expected chain τ "
             f"{result['expected_chain_tau']:.2f}; draft vocabulary covers {coverage:.1%} of held-out answer tokens")
 
+
+    def _evaluate_medusa(self) -> None:
+        artifact = load_medusa(str(self.head_dir), self.head_cfg["kind"], key="head")
+        _, held_out = split(load_sequences(self.data_dir), self.head_cfg.get("holdout", 0.05), self.settings.seed)
+        parts = TargetParts.of(self.pair.target, None, torch.float32)
+        result = evaluate_medusa(artifact.build(torch.float32, parts.device), parts, held_out, self.settings)
+        result.update({"head": str(self.head_dir), "sha256": artifact.sha256})
+        write_json(self.head_dir / "evaluation.json", result)
+        top1 = ", ".join(f"{r['top1']:.2f}" for r in result["heads"])
+        log(f"[heads] evaluation ({len(held_out)} held-out sequences): top-1 by head {top1}; expected chain τ "
+            f"{result['expected_chain_tau']:.2f}")
+
+
+# MedusaConfig fields a medusa / hydra head config may set
+MEDUSA_OPTIONS = ("heads", "layers", "own_lm_head")
 
 # HeadConfig fields a head config may set
 HEAD_OPTIONS = ("intermediate_size", "draft_vocab_size", "fusion", "dual", "tgf_width", "tgf_second", "fc_bias")

@@ -1,0 +1,168 @@
+"""``method=medusa`` / ``method=hydra``: K decoding heads on the target's last hidden state (Medusa, Cai et al. 2024;
+Hydra, Ankner et al. 2024; the heads: models/medusa_heads.py) drafting a candidate tree the target verifies in one
+forward on the shared loop.
+
+Per step, after the committed tokens ..x_t, x0 (x0 = x_{t+1}, the target's own token from the last verify), the
+heads read h_t, the target's feature at the last token it verified (``Step.features``' last row: the target runs
+as a FeatureLM), and head k ranks x_{t+k+1}, the token at depth k of the tree hung after x0:
+
+- the root's children are head 1's top-K tokens, scored by log p_1;
+- at depth d = 2..D the K best expandable nodes of depth d-1 (by the cumulative log-probability of their path, the
+  log of the product of head probabilities Medusa orders its candidates by; EOS nodes are never expanded) get head
+  d's top-K as children. Medusa's head d reads only h_t, so every node's children are the same tokens (a
+  Cartesian-product tree, computed once per step); Hydra's head d also reads e(x0), e(d_1)..e(d_{d-1}) of the node's
+  own path, one batched head forward per depth;
+- the ``max_nodes`` best candidates by score form the tree (a child never outscores its parent, so every chosen
+  node's ancestors are chosen; ties go to the shallower, earlier node).
+
+Where we differ: Medusa ships a static sparse tree calibrated on held-out accuracies per head; we grow the product
+tree by probability per step (EAGLE-2's beam + rerank, decoding/dynamic_tree.py), with no calibration data. Candidates
+are point masses (the heads' top-K given the context), so verification is greedy-exact at T=0 and exact in
+distribution above it by tree rejection sampling (Medusa's "typical acceptance" is not lossless and is not done).
+The first step proposes nothing (the prefill gives x0 and h_t). Counters in ``extra``: per step ``tree_nodes``,
+``tree_depth``; ``head_forwards`` (batched head evaluations: one per depth).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from ..decoding.loop import speculative_generate
+from ..decoding.proposal import Proposal, Step, StepContext
+from ..errors import ConfigError, positive_int, require
+from ..models.draft_head import TargetParts
+from ..models.head_artifact import CONFIG_FILE, looks_like_hub_id, missing
+from ..models.head_names import head_location
+from ..models.medusa_heads import KINDS, MedusaHeads, load_medusa
+from .base import NoTimeline, ProposerMethod
+
+
+class MedusaTree:
+    """Proposer: the heads' candidate tree (module docstring). top_k = K children, depth = D heads, max_nodes."""
+
+    draft = None  # no draft model: head evaluations are counted in ``extra``
+
+    def __init__(self, heads: MedusaHeads, parts: TargetParts, top_k: int, depth: int, max_nodes: int):
+        self.heads, self.parts = heads, parts
+        self.top_k, self.depth, self.max_nodes = top_k, min(depth, heads.cfg.heads), max_nodes
+        self.dtype = next(heads.parameters()).dtype
+        self.feature: torch.Tensor | None = None  # (H,) h_t: the target's feature at the last token it verified
+        self.tree_nodes: list[int] = []
+        self.tree_depth: list[int] = []
+        self.head_forwards = 0
+
+    def _logp(self, k: int, h: torch.Tensor, path_ids: list[list[int]] | None = None) -> torch.Tensor:
+        """Head k's log-probabilities (n, V) float32 for n rows of h (n, H); path_ids: each row's x0, d_1..d_{k-1}."""
+        self.head_forwards += 1
+        embeds = None
+        if path_ids is not None:
+            embeds = self.parts.embed(torch.tensor(path_ids, device=h.device)).to(self.dtype)  # (n, k, H)
+        u = self.heads.hidden(k, h, embeds)
+        return torch.log_softmax(self.heads.logits(k, u, self.parts.logits).float(), dim=-1)
+
+    @torch.inference_mode()
+    def propose(self, context: StepContext) -> Proposal:
+        proposal = Proposal()
+        depth_cap = min(self.depth, context.room)
+        if self.feature is not None and depth_cap > 0:
+            self._grow(proposal, context, depth_cap)
+        self.tree_nodes.append(len(proposal.tokens))
+        self.tree_depth.append(proposal.depth)
+        return proposal
+
+    def _grow(self, proposal: Proposal, context: StepContext, depth_cap: int) -> None:
+        hydra = self.heads.cfg.kind == "hydra"
+        h = self.feature[None].to(self.dtype)  # (1, H)
+        x0, k = context.tokens[-1], self.top_k
+        pool: list[tuple[float, int, int, int]] = []  # candidates: (score, depth, parent candidate, token)
+        frontier = [-1]  # -1: the root (x0)
+        path_of = {-1: [x0]}  # x0, d_1.. of a frontier node's path: what Hydra's next head reads
+
+        for depth in range(1, depth_cap + 1):
+            if hydra:
+                logp = self._logp(depth, h.expand(len(frontier), -1), [path_of[c] for c in frontier])
+            else:  # head d reads h_t alone: the same children under every frontier node
+                logp = self._logp(depth, h).expand(len(frontier), -1)
+            top = logp.topk(min(k, logp.shape[-1]), dim=-1)
+            children = []
+            for row, parent in enumerate(frontier):
+                base = pool[parent][0] if parent >= 0 else 0.0
+                for value, token in zip(top.values[row].tolist(), top.indices[row].tolist()):
+                    children.append(len(pool))
+                    pool.append((base + value, depth, parent, int(token)))
+            expandable = [c for c in children if pool[c][3] not in context.eos_ids]
+            frontier = sorted(expandable, key=lambda c: (-pool[c][0], c))[:k]
+            if not frontier:
+                break
+            for c in frontier:
+                path_of[c] = path_of[pool[c][2]] + [pool[c][3]]
+        chosen = sorted(range(len(pool)), key=lambda c: (-pool[c][0], pool[c][1], c))
+        node_of: dict[int, int] = {-1: -1}
+        for c in chosen:
+            if len(proposal.tokens) >= self.max_nodes:
+                break
+            if pool[c][2] in node_of:  # ancestors first (scores never rise along a path)
+                node_of[c] = len(proposal.tokens)
+                proposal.tokens.append(pool[c][3])
+                proposal.parents.append(node_of[pool[c][2]])
+
+    def observe(self, step: Step) -> None:
+        if step.features is None:
+            raise RuntimeError("MedusaTree needs the target's features: verify with a decoding.cached_lm.FeatureLM")
+        self.feature = step.features[-1]  # h at the last verified token: lm_head of it gave the new x0
+
+    def extra(self) -> dict:
+        return {"tree_nodes": self.tree_nodes, "tree_depth": self.tree_depth, "head_forwards": self.head_forwards}
+
+
+class MedusaMethod(ProposerMethod):
+    """Knobs: ``kind`` medusa | hydra (the heads it needs), ``head`` (a head trained here by name, a directory, or a
+    published Medusa head's Hugging Face id), ``top_k`` K (children per expanded node, frontier width), ``depth`` D
+    (heads used per step, at most the head's K), ``max_nodes`` (tree budget)."""
+
+    backends = ("transformers",)
+    backend_reason = "its heads read the target's hidden states and lm_head, which llama.cpp does not expose here"
+
+    def __init__(self, pair, name: str = "medusa", kind: str = "medusa", head: str | None = None,
+                 heads_dir: str | None = None, top_k: int = 4, depth: int = 4, max_nodes: int = 10,
+                 local_files_only: bool = True, temperature: float = 0.0, top_p: float = 1.0, seed: int = 0):
+        super().__init__(pair, name, temperature, top_p, seed)
+        require(kind in KINDS, "method.kind", f"must be one of {list(KINDS)}, got {kind!r}")
+        self.kind = kind
+        self.top_k = positive_int(top_k, "method.top_k", "children per expanded node, K")
+        self.depth = positive_int(depth, "method.depth", "heads used per step: the tree's depth D")
+        self.max_nodes = positive_int(max_nodes, "method.max_nodes", "most tree nodes per step")
+        require(isinstance(head, str) and head.strip() != "", "method.head",
+                f"needs the {kind} heads to draft with: the name of a head `python -m specbench.training.heads "
+                f"head={kind}` trained, a directory, or a published Medusa head's Hugging Face id")
+        head = head_location(head, heads_dir)
+        if not looks_like_hub_id(head) and not (Path(head).expanduser() / CONFIG_FILE).is_file():
+            raise missing(Path(head).expanduser(), "method.head")
+        self.head_source, self.local_files_only = head, local_files_only
+        self.check_blocks()
+        target = pair.target  # a ConfigOnlyPair stops the early build here: the rest needs the loaded pair
+        self.artifact = load_medusa(head, kind, local_files_only)
+        self.artifact.check_target(target.config)
+        if self.depth > self.artifact.config.heads:
+            raise ConfigError(f"method.depth: {self.depth} but {self.artifact.source} has {self.artifact.config.heads} "
+                              f"heads (K); depth may be 1..{self.artifact.config.heads}")
+        dtype, kernel = next(target.parameters()).dtype, pair.precision.linear_kernel
+        self.heads = self.artifact.build(dtype=dtype, device=pair.device)
+        self.parts = TargetParts.of(target, None, dtype, kernel)
+
+    @property
+    def identity(self) -> dict:
+        """What a run records about the heads (their hash decides the run key through the method config)."""
+        return self.artifact.identity
+
+    def step_blocks(self) -> dict[str, int]:
+        return {"target": self.max_nodes + 1}
+
+    def make_proposer(self, prompt_ids) -> MedusaTree:
+        return MedusaTree(self.heads, self.parts, self.top_k, self.depth, self.max_nodes)
+
+    def generate(self, prompt_ids, max_new_tokens, eos_ids, timeline=NoTimeline()):
+        target = self.pair.lm("target", features=True)
+        return speculative_generate(target, self.make_proposer(prompt_ids), prompt_ids, max_new_tokens, eos_ids,
+                                    self.sampler, timeline)

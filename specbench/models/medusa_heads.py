@@ -1,0 +1,210 @@
+"""Medusa heads (Cai et al. 2024) and Hydra heads (Ankner et al. 2024): K extra decoding heads on the target's last
+hidden state, and their artifacts (ours, and Medusa's published format).
+
+Notation: h_t is the target's feature at position t (last hidden state after the final norm, before lm_head), so
+lm_head(h_t) ranks x_{t+1} (the target's own next token, x0 of the next step). Head k (k = 1..K) ranks x_{t+k+1}.
+
+- Medusa: head k is L residual blocks u <- u + SiLU(W_k u) on u = h_t, then an lm_head. The paper's Medusa-1 gives
+  each head its own lm_head initialised from the target's; heads trained here share the target's frozen lm_head
+  (``own_lm_head: false``: V×H parameters less per head, which is most of a head on a small target), published ones
+  carry their own.
+- Hydra (basic MLP version, not Hydra++'s extra decoder layer): head k also reads the embeddings of the tokens before
+  the one it ranks, x_{t+1} (x0) and the drafts d_1..d_{k-1} on its candidate path:
+  u = h_t + P_k([h_t; e(x_{t+1}); ...; e(x_{t+k})]) ((k+1)H -> H, zero-initialised, so an untrained Hydra head starts
+  where a Medusa head does), then the L residual blocks and the lm_head. Heads are sequentially dependent: a tree's
+  children of a node come from that node's own path.
+
+Artifacts use the head format of head_artifact.py (head.json with ``config`` = MedusaConfig, the weights' sha256
+and provenance; head.safetensors). Published Medusa heads (FasterDecoding/medusa-vicuna-7b-v1.3: config.json with
+medusa_num_heads / medusa_num_layers, medusa_lm_head.safetensors or .pt with ``{k}.{j}.linear.*`` and
+``{k}.{L}.weight``) load by Hugging Face id through ``load_medusa``; offline and uncached, a ConfigError. Hydra's
+own release format is not mapped (a ConfigError says so).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from ..errors import ConfigError
+from .head_artifact import CONFIG_FILE, looks_like_hub_id, read_artifact, save_artifact, weights_digest
+
+KINDS = ("medusa", "hydra")
+
+
+@dataclass
+class MedusaConfig:
+    kind: str                  # medusa | hydra
+    hidden_size: int           # H: the target's
+    vocab_size: int            # V: the target's
+    heads: int = 4             # K
+    layers: int = 1            # L residual blocks per head
+    own_lm_head: bool = False  # each head its own (V, H) lm_head (published Medusa-1), else the target's frozen one
+    target: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        if self.kind not in KINDS:
+            raise ValueError(f"head kind {self.kind!r}; valid: {list(KINDS)}")
+
+    @classmethod
+    def for_target(cls, model_config, kind: str, **options) -> "MedusaConfig":
+        return cls(kind=kind, hidden_size=model_config.hidden_size, vocab_size=model_config.vocab_size,
+                   target={"model_type": model_config.model_type, "name": getattr(model_config, "_name_or_path", "")},
+                   **options)
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    def mismatch(self, model_config) -> str | None:
+        for key in ("hidden_size", "vocab_size"):
+            if getattr(self, key) != getattr(model_config, key):
+                return f"{key} {getattr(self, key)} but the target's is {getattr(model_config, key)}"
+        return None
+
+
+class ResBlock(nn.Module):
+    """u + SiLU(W u + b) (Medusa's ResBlock; W zero-initialised so a new head starts as the identity)."""
+
+    def __init__(self, size: int):
+        super().__init__()
+        self.linear = nn.Linear(size, size)
+        nn.init.zeros_(self.linear.weight)
+
+    def forward(self, x):
+        return x + F.silu(self.linear(x))
+
+
+class MedusaHeads(nn.Module):
+    """K heads; ``hidden(k, h, embeds)`` is head k's (1-based) input to its lm_head, ``logits`` its scores."""
+
+    def __init__(self, cfg: MedusaConfig):
+        super().__init__()
+        self.cfg = cfg
+        H = cfg.hidden_size
+        self.blocks = nn.ModuleList(nn.Sequential(*(ResBlock(H) for _ in range(cfg.layers))) for _ in range(cfg.heads))
+        if cfg.kind == "hydra":  # P_k: [h; e(x_{t+1}) .. e(x_{t+k})] -> H, zero-initialised
+            self.inputs = nn.ModuleList(nn.Linear((k + 2) * H, H, bias=False) for k in range(cfg.heads))
+            for proj in self.inputs:
+                nn.init.zeros_(proj.weight)
+        if cfg.own_lm_head:
+            self.lm_heads = nn.ModuleList(nn.Linear(H, cfg.vocab_size, bias=False) for _ in range(cfg.heads))
+
+    def hidden(self, k: int, h: torch.Tensor, embeds: torch.Tensor | None = None) -> torch.Tensor:
+        """Head k (1..K): h (n, H); embeds (n, k, H) the path's tokens x_{t+1}..x_{t+k} (Hydra only) -> (n, H)."""
+        u = h
+        if self.cfg.kind == "hydra":
+            u = h + self.inputs[k - 1](torch.cat([h, embeds.flatten(1)], dim=-1))
+        return self.blocks[k - 1](u)
+
+    def logits(self, k: int, u: torch.Tensor, target_lm_head) -> torch.Tensor:
+        """(n, H) -> (n, V): the head's own lm_head, or ``target_lm_head`` (a callable: TargetParts.logits)."""
+        return self.lm_heads[k - 1](u) if self.cfg.own_lm_head else target_lm_head(u)
+
+    def init_weights(self, seed: int = 0, std: float = 0.02) -> "MedusaHeads":
+        """Random weights (tests: the loop's guarantees may not depend on the heads being any good)."""
+        generator = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            for p in self.parameters():
+                p.copy_(torch.randn(p.shape, generator=generator) * std)
+        return self
+
+
+@dataclass
+class MedusaArtifact:
+    config: MedusaConfig
+    state: dict
+    sha256: str
+    source: str
+    provenance: dict
+
+    @property
+    def identity(self) -> dict:
+        return {"kind": self.config.kind, "source": self.source, "sha256": self.sha256}
+
+    def build(self, dtype: torch.dtype = torch.float32, device="cpu") -> MedusaHeads:
+        heads = MedusaHeads(self.config)
+        result = heads.load_state_dict(self.state, strict=False)
+        if result.missing_keys:
+            raise ConfigError(f"method.head: {self.source} lacks {result.missing_keys[:6]} for a {self.config.kind} "
+                              "head (a checkpoint of another kind or layout)")
+        return heads.to(device=device, dtype=dtype).eval()
+
+    def check_target(self, model_config, key: str = "method.head") -> None:
+        problem = self.config.mismatch(model_config)
+        if problem:
+            raise ConfigError(f"{key}: {self.source} was made for another target ({problem}); train one for this "
+                              f"target with `python -m specbench.training.heads head={self.config.kind} "
+                              "model=<this pair>` or pick a head made for it")
+
+
+def save_medusa(directory: Path, heads: MedusaHeads, provenance: dict) -> str:
+    """Write the artifact (head_artifact's format); returns the weights' sha256."""
+    tensors = {name: p.detach().float().cpu().contiguous() for name, p in heads.state_dict().items()}
+    return save_artifact(directory, tensors, heads.cfg.as_dict(), provenance)
+
+
+def load_medusa(name: str, kind: str, local_files_only: bool = True, key: str = "method.head") -> MedusaArtifact:
+    """Our artifact directory, or a published Medusa head by Hugging Face id."""
+    path = Path(name).expanduser()
+    if (path / CONFIG_FILE).exists() or not looks_like_hub_id(name):
+        meta, state, sha = read_artifact(path, key)
+        found = meta["config"].get("kind")
+        if found != kind:
+            raise ConfigError(f"{key}: {path} is a {found} head; method {kind} needs a {kind} head "
+                              f"(method={found} runs it)")
+        return MedusaArtifact(MedusaConfig(**meta["config"]), state, sha, str(path), meta.get("provenance", {}))
+    if kind != "medusa":
+        raise ConfigError(f"{key}: {name}: published {kind} heads (Hydra's release format) are not mapped yet; "
+                          f"train one here (`python -m specbench.training.heads head={kind}`) and name it")
+    return load_published_medusa(name, local_files_only, key)
+
+
+def load_published_medusa(repo_id: str, local_files_only: bool, key: str) -> MedusaArtifact:
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    try:
+        directory = Path(snapshot_download(repo_id, local_files_only=local_files_only,
+                                           allow_patterns=["config.json", "medusa_lm_head.*"]))
+    except LocalEntryNotFoundError:
+        raise ConfigError(f"{key}: {repo_id} is not in the local Hugging Face cache and hub access is off; set "
+                          "method.local_files_only=false on a machine with hub access (or HF_HUB_OFFLINE unset), "
+                          "or pass a local directory") from None
+    return published_medusa(directory, repo_id, key)
+
+
+def published_medusa(directory: Path, source: str, key: str = "method.head") -> MedusaArtifact:
+    """A directory in Medusa's release format -> our MedusaHeads' state (own lm_heads)."""
+    config_file = directory / "config.json"
+    weights = [p for p in (directory / "medusa_lm_head.safetensors", directory / "medusa_lm_head.pt") if p.is_file()]
+    if not config_file.is_file() or not weights:
+        raise ConfigError(f"{key}: {source} is not a Medusa head (expected config.json and medusa_lm_head.safetensors "
+                          "or medusa_lm_head.pt)")
+    meta = json.loads(config_file.read_text())
+    if "medusa_num_heads" not in meta:
+        raise ConfigError(f"{key}: {source}/config.json has no medusa_num_heads; not a Medusa head")
+    if weights[0].suffix == ".safetensors":
+        from safetensors.torch import load_file
+        raw = load_file(str(weights[0]))
+    else:
+        raw = torch.load(weights[0], map_location="cpu", weights_only=True)
+    heads, layers = int(meta["medusa_num_heads"]), int(meta.get("medusa_num_layers", 1))
+    lm = raw.get(f"0.{layers}.weight")
+    if lm is None:
+        raise ConfigError(f"{key}: {weights[0].name} has no 0.{layers}.weight (head 0's lm_head for "
+                          f"medusa_num_layers={layers}); keys: {sorted(raw)[:6]} ...")
+    state = {}
+    for k in range(heads):
+        for j in range(layers):
+            for part in ("weight", "bias"):
+                state[f"blocks.{k}.{j}.linear.{part}"] = raw[f"{k}.{j}.linear.{part}"]
+        state[f"lm_heads.{k}.weight"] = raw[f"{k}.{layers}.weight"]
+    config = MedusaConfig("medusa", hidden_size=lm.shape[1], vocab_size=lm.shape[0], heads=heads, layers=layers,
+                          own_lm_head=True, target={"name": meta.get("base_model_name_or_path", "")})
+    return MedusaArtifact(config, state, weights_digest(directory, ("medusa_lm_head.*",)), source,
+                          {"published": source})
+
