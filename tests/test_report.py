@@ -420,7 +420,7 @@ def test_a_failed_job_does_not_stop_the_sweep_and_its_cell_says_why(tmp_path):
 
 # methods the papers compare against that we do not implement: their rows show the paper's numbers only
 # methods a paper ranks that no conf/method config runs yet (Spec-Bench's leaderboard: issue 36 adds the last four)
-PAPER_ONLY_METHODS = {"eagle1", "fspad", "hass", "hydra", "token_recycling", "rest", "sam_decoding_eagle"}
+PAPER_ONLY_METHODS = {"eagle1", "fspad", "hass", "rest", "sam_eagle"}
 
 
 def test_published_rows_name_our_methods_so_ours_land_beside_them():

@@ -21,7 +21,9 @@ from matplotlib.figure import Figure  # no pyplot: no global backend state, safe
 
 from ..training.disco.tables import oracle_statistics
 from ..metrics import acceptance_by_position
+from .figure_files import save
 from .paper import canonical, match_stats
+from .spec_bench import speedup_by_category
 from .tables import METRICS, Metric, column_keys_of, label_for, row_keys_of
 
 WARM_SUFFIX = "_warm"
@@ -33,15 +35,6 @@ def label_of(exp, key, value) -> str:
 
 def ok_cells(exp):
     return [c for c in exp.cells if c.status == "ok"]
-
-
-def save(fig, out_dir: Path, name: str) -> list[Path]:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    paths = [out_dir / f"{name}.png", out_dir / f"{name}.pdf"]
-    fig.tight_layout()
-    fig.savefig(paths[0], dpi=150, bbox_inches="tight")
-    fig.savefig(paths[1], bbox_inches="tight")
-    return paths
 
 
 def decorate(ax, exp, xlabel: str, ylabel: str, grid: str = "both") -> None:
@@ -269,8 +262,6 @@ def speedup_vs_batch(exp, out_dir: Path) -> list[Path]:
     decorate(ax, exp, "batch size (requests in flight)", "throughput speed-up vs greedy")
     return save(fig, out_dir, "speedup_vs_batch")
 
-
-from .spec_bench import speedup_by_category  # noqa: E402  (it imports save from here when it draws)
 
 FIGURES = {f.__name__: f for f in (speed_bars, topk_curve, match_k_bars, oracle_sl_hist, tau_speedup, metric_bars,
                                    alpha_curve, speedup_vs_batch, speedup_by_category)}

@@ -22,6 +22,7 @@ from ..errors import ConfigError
 from ..metrics import matched_baseline, summarize
 from ..scoring import primary_value
 from .experiment import Cell, Experiment
+from .figure_files import save
 from .paper import cell_entry
 from .tables import Entry, label_for
 
@@ -91,7 +92,6 @@ def speedup_by_category(exp: Experiment, out_dir: Path) -> list[Path]:
     from matplotlib import colormaps
     from matplotlib.figure import Figure
 
-    from .figures import save
 
     panels = {"ours": bars(exp.entries), f"paper ({exp.spec.get('published_where', {}).get('setting', '')})":
               bars(exp.published)}
