@@ -116,7 +116,8 @@ class Datastore:
             if sha256_of(directory / name) != manifest[field]:
                 raise ConfigError(f"{key}: {directory / name} does not match the sha256 in {MANIFEST} (a partial or "
                                   f"edited file); rebuild it with `{BUILD_COMMAND}`")
-        tokens, sa = (np.load(directory / name, mmap_mode="r") for name in (TOKENS, SUFFIXES))
+        # memory-mapped, seen as plain arrays (indexing a np.memmap costs ~10x more per lookup)
+        tokens, sa = (np.asarray(np.load(directory / name, mmap_mode="r")) for name in (TOKENS, SUFFIXES))
         return cls(tokens, sa, manifest)
 
     def continuations(self, context: Sequence[int], max_context: int, min_context: int, length: int,
@@ -127,10 +128,16 @@ class Datastore:
         continuations in proportion to their frequency), each cut at its document's end; (0, []) if none."""
         if length <= 0:
             return 0, []
-        for size in range(min(max_context, len(context)), min_context - 1, -1):
+        # a suffix that occurs has every shorter suffix occurring (at its tail): find how far up they occur, then
+        # take the longest whose occurrences are followed by a token (as trying max_context downwards would)
+        found_at: dict[int, tuple[int, int]] = {}
+        for size in range(min_context, min(max_context, len(context)) + 1):
             lo, hi = occurrences(self.tokens, self.sa, context[len(context) - size:])
             if lo == hi:
-                continue
+                break
+            found_at[size] = (lo, hi)
+        for size in sorted(found_at, reverse=True):
+            lo, hi = found_at[size]
             picks = np.unique(np.linspace(lo, hi - 1, min(max_candidates, hi - lo)).round().astype(np.int64))
             starts = self.sa[picks].astype(np.int64) + size  # (m,): where each continuation starts
             at = np.minimum(starts[:, None] + np.arange(length), len(self.tokens) - 1)  # (m, length); the last is -1
