@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hydra import compose, initialize_config_dir
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -23,10 +24,12 @@ from specbench.errors import ConfigError
 from specbench.methods.rest import Rest, RetrievalProposer, top_nodes
 from specbench.models.tiny import byte_tokenizer
 from specbench.retrieval import datastore
+from specbench.retrieval.__main__ import run as build_datastore
 from specbench.retrieval.datastore import Datastore, tokenizer_identity
 from specbench.retrieval.suffix_array import SEPARATOR, occurrences, suffix_array
 
 from .distribution_helpers import EOS as SMALL_EOS
+from .distribution_helpers import one_thread  # noqa: F401  (autouse fixture: one torch thread)
 from .distribution_helpers import (IdsOnlyTokenizer, exact_sequence_distribution, goodness_of_fit,
                                    sample_generations, small_vocab_pair)
 from .test_counters import check_counters
@@ -106,6 +109,19 @@ def test_the_trie_keeps_its_most_frequent_nodes():
     assert top_nodes(paths, 4) == [[1, 2, 3], [5]]  # ties at count 1: the shallower node first
     assert sorted(top_nodes(paths, 100)) == [[1, 2, 3], [1, 2, 4], [1, 7], [5, 6]]
     assert top_nodes([], 4) == []
+
+
+@settings(max_examples=200, deadline=None)
+@given(paths=st.lists(st.lists(st.integers(0, 3), min_size=1, max_size=5), max_size=12), max_nodes=st.integers(1, 10))
+def test_the_kept_nodes_are_a_subtree_of_the_most_frequent(paths, max_nodes):
+    count = {}
+    for path in paths:
+        for depth in range(1, len(path) + 1):
+            count[tuple(path[:depth])] = count.get(tuple(path[:depth]), 0) + 1
+    kept = {tuple(leaf[:depth]) for leaf in top_nodes(paths, max_nodes) for depth in range(1, len(leaf) + 1)}
+    assert len(kept) == min(max_nodes, len(count))  # closed under prefixes by construction, and no larger
+    dropped = set(count) - kept
+    assert all(count[k] >= count[d] for k in kept for d in dropped)
 
 
 def propose(store, tokens, room=100, eos=(), **knobs):
@@ -307,10 +323,11 @@ def test_the_build_command_writes_a_datastore_the_method_reads(tmp_path):
     method = Rest(pair_for("llama", 0.05), datastore="small", datastores_dir=str(where.parent), min_context=1)
     assert sorted(method.store.continuations(ids, 4, 1, 2, 10)[1]) == sorted(
         [byte_tokenizer()(s, add_special_tokens=False)["input_ids"] for s in ("ca", "d")])
-    bad = subprocess.run([sys.executable, "-m", "specbench.retrieval", "model=tiny_llama", f"paths.root={tmp_path}",
-                          "datastore.limit=0"], cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert bad.returncode == 2 and bad.stderr.strip().splitlines()[-1].startswith(
-        "specbench.retrieval: error: datastore.limit: must be a positive integer")
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        cfg = compose(config_name="datastore", overrides=["model=tiny_llama", f"paths.root={tmp_path}",
+                                                          "datastore.limit=0"])
+    with pytest.raises(ConfigError, match=r"^datastore\.limit: must be a positive integer \(conversations read\)"):
+        build_datastore(cfg)
 
 
 def brute_force_continuations(documents, context, max_context, min_context, length):

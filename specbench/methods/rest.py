@@ -34,15 +34,31 @@ from .base import ProposerMethod
 def top_nodes(paths: list[list[int]], max_nodes: int) -> list[list[int]]:
     """The trie of ``paths`` cut to its ``max_nodes`` most frequent nodes (count: paths through the node; ties:
     shallower, then first seen), as the root-to-leaf token paths of the kept subtree, most frequent first."""
-    nodes: dict[tuple[int, ...], list[int]] = {}  # prefix -> [count, first seen]
+    child: dict[tuple[int, int], int] = {}  # (parent node, token) -> node; -1: the root x0
+    parent, token, depth, count = [], [], [], []  # per node, numbered in the order first seen
     for path in paths:
-        for depth in range(1, len(path) + 1):
-            entry = nodes.setdefault(tuple(path[:depth]), [0, len(nodes)])
-            entry[0] += 1
-    ranked = sorted(nodes, key=lambda prefix: (-nodes[prefix][0], len(prefix), nodes[prefix][1]))
-    kept = ranked[:max_nodes]  # closed under prefixes: a parent counts >= its child and is shallower
-    inner = {prefix[:-1] for prefix in kept}
-    return [list(prefix) for prefix in kept if prefix not in inner]
+        node = -1
+        for t in path:
+            nxt = child.get((node, t))
+            if nxt is None:
+                nxt = child[(node, t)] = len(count)
+                parent.append(node)
+                token.append(t)
+                depth.append(depth[node] + 1 if node >= 0 else 1)
+                count.append(0)
+            count[nxt] += 1
+            node = nxt
+    kept = sorted(range(len(count)), key=lambda n: (-count[n], depth[n], n))[:max_nodes]
+    inner = {parent[n] for n in kept}  # closed under parents: a parent counts >= its child and is shallower
+    leaves = []
+    for n in kept:
+        if n not in inner:
+            path = []
+            while n >= 0:
+                path.append(token[n])
+                n = parent[n]
+            leaves.append(path[::-1])
+    return leaves
 
 
 def cut_at_eos(path: list[int], eos_ids: set[int]) -> list[int]:
