@@ -22,7 +22,7 @@ from specbench.decoding.proposal import StepContext
 from specbench.decoding.sampling import Sampler
 from specbench.errors import ConfigError
 from specbench.methods.rest import Rest, RetrievalProposer, top_nodes
-from specbench.models.tiny import byte_tokenizer
+from specbench.models.tiny import build_tiny_pair, byte_tokenizer
 from specbench.retrieval import datastore
 from specbench.retrieval.__main__ import run as build_datastore
 from specbench.retrieval.datastore import Datastore, tokenizer_identity
@@ -214,6 +214,16 @@ def test_rest_samples_above_temperature_zero(tiny_store):
     check_counters(gen, "rest")
     method.reset(3)
     assert method.generate(FIXED_PROMPTS[1], 25, set()).tokens == gen.tokens  # seeded: reproducible
+
+
+def test_rest_on_a_static_cache_equals_greedy(tiny_store):
+    """Trees of retrieved continuations on a preallocated, bucket-padded KV cache (model.execution=static)."""
+    static = build_tiny_pair(name="tiny-llama", arch="llama", draft_noise=0.05, execution="static")
+    for prompt in FIXED_PROMPTS:
+        ref, _ = greedy_reference(static, prompt, 30, None)
+        gen = Rest(static, datastore=str(tiny_store), max_nodes=7).generate(prompt, 30, set())
+        assert gen.tokens == ref.tokens
+        assert gen.accepted > 0
 
 
 class VocabTokenizer(IdsOnlyTokenizer):
