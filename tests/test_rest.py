@@ -226,6 +226,28 @@ def test_rest_on_a_static_cache_equals_greedy(tiny_store):
         assert gen.accepted > 0
 
 
+def test_rest_on_llamacpp_equals_its_greedy_up_to_its_noise(tiny_store):
+    """model.backend=llamacpp (tiny_llama's weights as a GGUF file): never a MISMATCH against the same backend's
+    greedy (identical, or a near-tie within llama.cpp's batched-vs-one-row noise), and drafts are accepted."""
+    pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (make llamacpp)")
+    import torch
+
+    from specbench.lossless import MISMATCH, LosslessCheck
+    from specbench.methods.greedy import Greedy
+    from specbench.models.gguf_pair import build_tiny_gguf_pair
+
+    pair = build_tiny_gguf_pair(draft_noise=0.05, backend="llamacpp")
+    check = LosslessCheck(pair, threads=torch.get_num_threads())
+    accepted = 0
+    for prompt in FIXED_PROMPTS:
+        reference = Greedy(pair, "greedy").generate(prompt, 30, set()).tokens
+        gen = Rest(pair, datastore=str(tiny_store), max_nodes=7).generate(prompt, 30, set())
+        check_counters(gen, "rest")
+        assert check.classify(prompt, reference, gen.tokens)["verdict"] != MISMATCH
+        accepted += gen.accepted
+    assert accepted > 0
+
+
 class VocabTokenizer(IdsOnlyTokenizer):
     def get_vocab(self) -> dict:
         return {f"<{i}>": i for i in range(self.size)}
