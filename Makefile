@@ -16,7 +16,7 @@ ARGS ?=
 extra = $(shell $(PYTHON) -c "import tomllib; print(' '.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['optional-dependencies']['$(1)']))")
 
 .DEFAULT_GOAL := help
-.PHONY: help install install-vllm llamacpp embedded run test test-fast bench disco heads report clean
+.PHONY: help install install-vllm llamacpp embedded run test test-fast bench disco heads datastore report clean
 
 help: ## Show this help
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  make %-10s %s\n", $$1, $$2}'
@@ -96,6 +96,9 @@ disco: $(EMBEDDED_STAMP) ## DISCO end to end on the embedded pair: extract, trai
 heads: $(EMBEDDED_STAMP) ## Train the GRIFFIN and EAGLE draft heads on the embedded target: extract, train, evaluate -> runs/heads/ (ARGS=... overrides)
 	$(BIN)/python -m specbench.training.heads head=griffin $(ARGS)
 	$(BIN)/python -m specbench.training.heads head=eagle $(ARGS)
+
+datastore: $(EMBEDDED_STAMP) ## Build REST's datastore (ShareGPT answers, suffix array) for the embedded pair -> runs/datastores/ (ARGS=datastore.limit=... model=...)
+	$(BIN)/python -m specbench.retrieval $(ARGS)
 
 report: $(STAMP) ## Render a paper table + figures from runs/ (ARGS="experiment=ouroboros_table2 model=embedded data=gsm8k ...", conf/report.yaml)
 	$(BIN)/python -m specbench.report $(ARGS)

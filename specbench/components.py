@@ -17,6 +17,7 @@ from .errors import ConfigError, require
 from .models.head_artifact import located, recorded_sha256
 from .models.execution import model_identity
 from .records import run_key
+from .retrieval.datastore import recorded_sha256 as datastore_sha256
 from .schema import SCHEMA_VERSION
 from .runner import RunSpec
 from .scoring.sandbox import protect_path
@@ -42,13 +43,17 @@ def build(node: DictConfig, key: str, **kwargs):
 
 def method_as_recorded(method: dict) -> dict:
     """A resolved method config as run keys and records name it: a head named by its name by its path (``located``),
-    and a trained draft head's weights by their sha256 (``head_sha256``: method=eagle / griffin); a method nested in
-    it (sam_decoding's ``method.fallback``) likewise."""
+    a trained draft head's weights by their sha256 (``head_sha256``: method=eagle / griffin / medusa / hydra), REST's
+    datastore by its sha256 (``datastore_sha256``: method=rest); a method nested in it (sam_decoding's
+    ``method.fallback``) likewise."""
     method = located(method)
     if isinstance(method, dict) and any(isinstance(v, dict) and "_target_" in v for v in method.values()):
         method = {k: method_as_recorded(v) if isinstance(v, dict) and "_target_" in v else v for k, v in method.items()}
     head_sha256 = recorded_sha256(method)
-    return {**method, "head_sha256": head_sha256} if head_sha256 else method
+    if head_sha256:
+        method = {**method, "head_sha256": head_sha256}
+    store_sha256 = datastore_sha256(method)
+    return {**method, "datastore_sha256": store_sha256} if store_sha256 else method
 
 
 def spec_for(cfg: DictConfig, method_cfg: DictConfig, engine=None) -> RunSpec:

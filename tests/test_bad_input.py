@@ -95,6 +95,11 @@ BAD = {  # override(s) -> the start of the one-line error
                                                     "n-gram matched), got 0",
     "method=prompt_lookup method.min_ngram_size=4": "method.min_ngram_size: must be <= method.max_ngram_size (3), "
                                                     "got 4",
+    "method=rest method.max_nodes=0": "method.max_nodes: must be a positive integer (most tree nodes per step), got 0",
+    "method=rest paths.datastores=/nonexistent/datastores": "method.datastore: no datastore at "
+                                                            "/nonexistent/datastores/tiny-llama/sharegpt (expected "
+                                                            "datastore.json, tokens.npy, suffix.npy); build it with "
+                                                            "`python -m specbench.retrieval model=<this pair>",
 }
 
 
@@ -179,6 +184,12 @@ def test_every_shipped_option_passes_the_checks(group, tmp_path):
         if group == "method" and cfg.method._target_ == "specbench.methods.engine_only.EngineMethod":
             with pytest.raises(ConfigError, match=f"method={name}: runs only with engine=vllm"):
                 check_components(cfg)
+            continue
+        if group == "method" and cfg.method._target_ == "specbench.methods.rest.Rest":
+            cfg = composed(f"{group}={name}", *extra, f"runner.records_dir={tmp_path}", f"paths.datastores={tmp_path}")
+            with pytest.raises(ConfigError,
+                               match=r"^method\.datastore: no datastore at .*python -m specbench\.retrieval"):
+                check_components(cfg)  # needs a datastore: refused before any model loads
             continue
         check_components(cfg)
 

@@ -1,5 +1,8 @@
 """Every config group composes; cheap groups instantiate; bad overrides name the key at fault."""
 
+from pathlib import Path
+
+import numpy as np
 import pytest
 from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
@@ -13,6 +16,9 @@ from specbench.models.draft_head import DraftHead, HeadConfig
 from specbench.models.head_names import head_location
 from specbench.models.medusa_heads import MedusaConfig, MedusaHeads, save_medusa
 from specbench.paper_tables import read_table
+from specbench.retrieval.datastore import tokenizer_identity
+from specbench.retrieval.datastore import write as write_datastore
+from specbench.retrieval.suffix_array import suffix_array
 
 from .conftest import ROOT, run_cli
 
@@ -31,7 +37,7 @@ def composed(*overrides):
 @pytest.mark.parametrize("method, drafts", [
     ("speculative", True), ("specinfer", True), ("ouroboros", True), ("hf_assisted", True), ("disco", True),
     ("greedy", False), ("eagle", False), ("griffin", False), ("prompt_lookup", False), ("lookahead", False),
-    ("swift", False), ("token_recycling", False), ("sam_decoding", False), ("sam_speculative", True)])
+    ("swift", False), ("token_recycling", False), ("sam_decoding", False), ("sam_speculative", True), ("rest", False)])
 def test_the_draft_model_loads_only_for_a_method_or_baseline_that_drafts_with_it(method, drafts):
     assert needs_draft_model(composed(f"method={method}")) is drafts
     assert needs_draft_model(composed(f"method={method}", "method@baseline=speculative")) is True
@@ -127,6 +133,13 @@ def test_tiny_pairs_and_methods_instantiate(name, tmp_path):
             with pytest.raises(ConfigError, match=f"method={method}: runs only with engine=vllm"):
                 build(node, "method", pair=pair, temperature=0.0, top_p=1.0, seed=0)
             continue
+        if node._target_ == "specbench.methods.rest.Rest":  # needs a datastore built for the pair's tokenizer
+            node = composed(f"method={method}", f"paths.datastores={tmp_path}", f"model={name}").method
+            with pytest.raises(ConfigError, match=r"method\.datastore: no datastore at .*specbench\.retrieval"):
+                build(node, "method", pair=pair, temperature=0.0, top_p=1.0, seed=0)
+            tokens = np.array([5, 6, 7, -1], np.int32)
+            write_datastore(Path(node.datastores_dir) / node.datastore, tokens, suffix_array(tokens),
+                            {"tokenizer": tokenizer_identity(pair.tokenizer)})
         obj = build(node, "method", pair=pair, temperature=0.0, top_p=1.0, seed=0)
         assert obj.name == method
 
