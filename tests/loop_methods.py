@@ -6,6 +6,7 @@ from specbench.methods.prompt_lookup import PromptLookup
 from specbench.methods.sl_policies import ConfidenceSL, HeuristicSL
 from specbench.methods.specinfer import SpecInfer
 from specbench.methods.speculative import SpeculativeDecoding
+from specbench.methods.suffix import SuffixDecoding
 
 
 def loop_methods(pair, gamma: int) -> dict:
@@ -18,4 +19,5 @@ def loop_methods(pair, gamma: int) -> dict:
         "lookahead": Lookahead(pair, window=3, ngram=3, guesses=3),
         "ouroboros": Ouroboros(pair, gamma=gamma, window=4, beta=3, top_k=2),
         "prompt_lookup": PromptLookup(pair, "prompt_lookup", num_pred_tokens=gamma),
+        "suffix": SuffixDecoding(pair, max_depth=6, max_spec_factor=2.0, max_tree_nodes=gamma + 2),
     }

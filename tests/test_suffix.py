@@ -148,11 +148,11 @@ def test_the_draft_size_adapts_to_the_match_length():
 def test_the_global_tree_drafts_what_earlier_outputs_continued_with():
     pair = pair_for("llama", 0.05)
     method = SuffixDecoding(pair)
-    method.restore_state(((0, (12, 13, 99, 98)),))  # an earlier output: 12 13 was followed by 99 98
+    method.restore_state(((12, 13, 99, 98),))  # an earlier output: 12 13 was followed by 99 98
     tokens, proposer = propose(method, PROMPT)
     assert tokens == [99, 98] and proposer.match_len == [2]  # score 2 beats the prompt's 14 15 (1/2 each)
     assert proposer.stats["global_hits"] == 1
-    method.restore_state(((0, (12, 13, 99, 98)),))
+    method.restore_state(((12, 13, 99, 98),))
     tokens, proposer = propose(method, PROMPT + [99], prompt=PROMPT)  # the prompt tree lacks 99
     assert tokens == [98] and proposer.match_len == [3]  # (99), (13 99), (12 13 99) all score 1: the longest
     assert propose(SuffixDecoding(pair, max_cached_requests=0), PROMPT + [99], prompt=PROMPT)[0] == []
@@ -166,11 +166,11 @@ def test_the_global_tree_keeps_the_newest_outputs_and_restores_snapshots():
     for prompt in prompts:
         outputs.append(tuple(method.generate(prompt, 12, set()).tokens))
         states.append(method.carried_state())
-    assert [tokens for _, tokens in states[3]] == outputs[1:]  # FIFO: the oldest output went
+    assert list(states[3]) == outputs[1:]  # FIFO: the oldest output went
     assert dump(method.global_tree) == brute_counts(outputs[1:], method.max_depth)
     for i in (1, 3, 0, 2, 2):  # back, forth, empty, and a no-op restore
         method.restore_state(states[i])
-        assert dump(method.global_tree) == brute_counts([tokens for _, tokens in states[i]], method.max_depth)
+        assert dump(method.global_tree) == brute_counts(states[i], method.max_depth)
         assert method.carried_state() == states[i]
     assert method.carries_state and not SuffixDecoding(pair, max_cached_requests=0).carries_state
 
@@ -193,7 +193,7 @@ cases = st.fixed_dictionaries({
 })
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(case=cases)
 def test_suffix_equals_greedy(case):
     pair = pair_for(case["arch"], 0.05)

@@ -17,9 +17,9 @@ generation starts and grows by the tokens each step keeps (``observe``); the glo
 across the prompts of a run: every generation opens an entry in it that grows with its output (Arctic's
 ``add_active_response``), and at most ``max_cached_requests`` entries are kept, the oldest removed first (FIFO as
 Arctic; 0: no global tree). Ties: a higher score wins, then the longer match, then the per-request tree. What
-carries from prompt to prompt is the global tree's entries; ``carried_state`` / ``restore_state`` make it the
-entries the measured prompts before it left, in dataset order (design.md, *Warm start, defined*): a restore
-removes and re-adds only the entries that differ. Differences: ``min_match`` (default 1, Arctic has none) skips
+carries from prompt to prompt is the global tree's outputs; ``carried_state`` / ``restore_state`` make it the
+outputs the measured prompts before it left, in dataset order (design.md, *Warm start, defined*): a restore
+removes and re-adds only the outputs that differ. Differences: ``min_match`` (default 1, Arctic has none) skips
 matches shorter than it; ``tree`` (default true, the paper) vs Arctic/vLLM's path; the trie is not path-compressed
 (suffix_tree.py).
 
@@ -30,7 +30,7 @@ draft) and tree_nodes; global_entries / global_nodes at the end.
 """
 from __future__ import annotations
 
-import itertools
+from collections import Counter
 from typing import Sequence
 
 from ..decoding.proposal import Proposal, Step, StepContext
@@ -44,7 +44,7 @@ class SuffixProposer:
 
     draft = None  # no draft model
 
-    def __init__(self, method: "SuffixDecoding", prompt_ids: Sequence[int], entry: int | None):
+    def __init__(self, method: "SuffixDecoding", prompt_ids: Sequence[int], entry: list[int] | None):
         self.method, self.entry = method, entry
         self.local = SuffixTree(method.max_depth)
         self.local_active = self.local.extend(self.local.start(), prompt_ids)
@@ -107,7 +107,8 @@ class SuffixDecoding(ProposerMethod):
                  max_cached_requests: int = 10000, temperature: float = 0.0, top_p: float = 1.0, seed: int = 0):
         super().__init__(pair, name, temperature, top_p, seed)
         self.max_depth = positive_int(max_depth, "method.max_depth", "depth of the suffix trees")
-        require(self.max_depth >= 2, "method.max_depth", f"must be >= 2 (a match and a token after it), got {max_depth}")
+        require(self.max_depth >= 2, "method.max_depth",
+                f"must be >= 2 (a matched token and one after it), got {max_depth}")
         require(isinstance(max_spec_factor, (int, float)) and not isinstance(max_spec_factor, bool)
                 and max_spec_factor > 0, "method.max_spec_factor",
                 f"must be a number > 0 (draft nodes per matched token), got {max_spec_factor!r}")
@@ -127,9 +128,8 @@ class SuffixDecoding(ProposerMethod):
                 f"must be an integer >= 0 (outputs kept in the global tree; 0: none), got {max_cached_requests!r}")
         self.max_cached_requests = max_cached_requests
         self.global_tree = SuffixTree(self.max_depth)
-        self.entries: dict[int, list[int]] = {}  # entry id -> its output tokens, oldest entry first
-        self.active: tuple[int, list] | None = None  # (entry id, its active nodes) of the generation running
-        self.ids = itertools.count()  # never reused: an id names one output in every snapshot
+        self.entries: list[list[int]] = []  # the outputs in the global tree, oldest first
+        self.active: tuple[list[int], list] | None = None  # (the running generation's entry, its active nodes)
 
     def step_blocks(self) -> dict[str, int]:
         return {"target": self.max_tree_nodes + 1}
@@ -139,22 +139,23 @@ class SuffixDecoding(ProposerMethod):
     def make_proposer(self, prompt_ids) -> SuffixProposer:
         entry = None
         if self.max_cached_requests > 0:
-            entry = next(self.ids)
-            self.entries[entry] = []
+            entry = []
+            self.entries.append(entry)
             self.active = (entry, self.global_tree.start())
             while len(self.entries) > self.max_cached_requests:  # FIFO, never the new entry
-                self.drop(next(iter(self.entries)))
+                self.drop(self.entries[0])
         return SuffixProposer(self, prompt_ids, entry)
 
-    def append_output(self, entry: int, tokens: list[int]) -> None:
-        if entry not in self.entries or self.active is None or self.active[0] != entry:
+    def append_output(self, entry: list[int], tokens: list[int]) -> None:
+        if self.active is None or self.active[0] is not entry:
             return  # evicted or restored away meanwhile
-        self.entries[entry] += tokens
+        entry += tokens
         self.active = (entry, self.global_tree.extend(self.active[1], tokens))
 
-    def drop(self, entry: int) -> None:
-        self.global_tree.remove(self.entries.pop(entry))
-        if self.active is not None and self.active[0] == entry:
+    def drop(self, entry: list[int]) -> None:
+        self.global_tree.remove(entry)
+        self.entries = [e for e in self.entries if e is not entry]
+        if self.active is not None and self.active[0] is entry:
             self.active = None
 
     @property
@@ -162,15 +163,21 @@ class SuffixDecoding(ProposerMethod):
         return self.max_cached_requests > 0
 
     def carried_state(self):
-        return tuple((entry, tuple(tokens)) for entry, tokens in self.entries.items())
+        """The global tree's outputs, oldest first (the tree is a function of them)."""
+        return tuple(tuple(tokens) for tokens in self.entries)
 
     def restore_state(self, state) -> None:
-        wanted = dict(state or ())  # ids are never reused and entries only grow: same id and length, same output
-        for entry in [e for e, tokens in self.entries.items() if e not in wanted or len(wanted[e]) != len(tokens)]:
-            self.drop(entry)
-        for entry, tokens in wanted.items():
-            if entry not in self.entries:
+        """Make the global tree hold ``state``'s outputs: only those that differ are removed or added (the counts
+        do not depend on the order; the FIFO order becomes the snapshot's)."""
+        missing = Counter(state or ())
+        for entry in list(self.entries):
+            key = tuple(entry)
+            if missing[key] > 0:
+                missing[key] -= 1
+            else:
+                self.drop(entry)
+        for tokens, times in missing.items():
+            for _ in range(times):
                 self.global_tree.add(tokens)
-                self.entries[entry] = list(tokens)
-        self.entries = {entry: self.entries[entry] for entry in wanted}  # the snapshot's (FIFO) order
+        self.entries = [list(tokens) for tokens in state or ()]
         self.active = None
