@@ -10,6 +10,7 @@ from specbench.methods.speculative import SpeculativeDecoding
 from specbench.methods.token_recycling import TokenRecycling
 from specbench.methods.swift import Swift
 from specbench.models.layer_skip import runs_layer_skipping
+from specbench.methods.suffix import SuffixDecoding
 
 
 def loop_methods(pair, gamma: int) -> dict:
@@ -27,4 +28,5 @@ def loop_methods(pair, gamma: int) -> dict:
         "sam_decoding": SamDecoding(pair, "sam_decoding", max_draft=gamma),
         "sam_speculative": SamDecoding(pair, "sam_speculative", max_draft=gamma, min_match_length=2,
                                        fallback=SpeculativeDecoding(pair, "speculative", gamma=gamma)),
+        "suffix": SuffixDecoding(pair, max_depth=6, max_spec_factor=2.0, max_tree_nodes=gamma + 2),
     }

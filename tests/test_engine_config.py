@@ -201,6 +201,22 @@ def test_prompt_lookup_is_ngram(installed):
     assert config == {"method": "ngram", "num_speculative_tokens": 7, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
 
 
+def test_suffix_is_vllms_suffix_decoding_with_the_same_trees(installed):
+    """method=suffix is our own loop's class; under engine=vllm its settings become vLLM's suffix_decoding_*."""
+    assert speculative_config(method("method=suffix"), FILES) == {
+        "method": "suffix", "num_speculative_tokens": 24, "suffix_decoding_max_tree_depth": 24,
+        "suffix_decoding_max_spec_factor": 1.0, "suffix_decoding_min_token_prob": 0.1,
+        "suffix_decoding_max_cached_requests": 10000}
+    config = speculative_config(method("method=suffix", "method.max_depth=32", "method.max_tree_nodes=8",
+                                       "method.max_spec_factor=2.5", "method.min_token_prob=0.2",
+                                       "method.max_cached_requests=0"), FILES)
+    assert config == {"method": "suffix", "num_speculative_tokens": 8, "suffix_decoding_max_tree_depth": 32,
+                      "suffix_decoding_max_spec_factor": 2.5, "suffix_decoding_min_token_prob": 0.2,
+                      "suffix_decoding_max_cached_requests": 0}
+    with pytest.raises(ConfigError, match=r"^method\.min_match: vLLM's suffix decoding matches suffixes from 1 token"):
+        speculative_config(method("method=suffix", "method.min_match=2"), FILES)
+
+
 def test_speculation_length_policy_has_no_vllm_counterpart(installed):
     with pytest.raises(ConfigError, match=r"^method\.policy: vLLM's draft-model speculation drafts a fixed γ"):
         speculative_config(method("method=dyn_heur"), FILES)
@@ -240,9 +256,13 @@ def test_medusa_is_ours_on_hf_and_vllms_medusa_with_a_published_head(installed, 
 
 def test_method_the_installed_vllm_lacks_lists_the_installed_ones(monkeypatch):
     monkeypatch.setattr(vllm_methods, "installed_methods", lambda: ["draft_model", "ngram"])
-    with pytest.raises(ConfigError, match=r"^method\.engine_method: the installed vLLM has no speculative method "
+    # method=suffix is our own class (no engine_method key): the error names method, as for speculative below
+    with pytest.raises(ConfigError, match=r"^method: the installed vLLM has no speculative method "
                                           r"'suffix'; it has: draft_model, ngram$"):
         speculative_config(method("method=suffix"), FILES)
+    with pytest.raises(ConfigError, match=r"^method\.engine_method: the installed vLLM has no speculative method "
+                                          r"'mtp'; it has: draft_model, ngram$"):  # vLLM's own methods name the key
+        speculative_config(method("method=mtp"), FILES)
     monkeypatch.setattr(vllm_methods, "installed_methods", lambda: ["eagle"])
     with pytest.raises(ConfigError, match=r"^method: the installed vLLM has no speculative method 'draft_model'; "
                                           r"it has: eagle$"):  # speculative has no engine_method key to name

@@ -1,7 +1,7 @@
 """Warm start, defined: a method that carries state from prompt to prompt (Ouroboros†/lookahead's warm pool,
-dynHeur's persistent SL) starts prompt i from the state measured prompts 0..i-1 left, in dataset order: not
-from the warm-up prompt, not from an earlier repeat of prompt i, and a resumed run starts from the same state
-as an uninterrupted one."""
+suffix decoding's global tree, dynHeur's persistent SL) starts prompt i from the state measured prompts 0..i-1
+left, in dataset order: not from the warm-up prompt, not from an earlier repeat of prompt i, and a resumed run
+starts from the same state as an uninterrupted one."""
 from pathlib import Path
 
 from specbench.data import Example
@@ -10,6 +10,7 @@ from specbench.methods.sl_policies import HeuristicSL
 from specbench.methods.speculative import SpeculativeDecoding
 from specbench.methods.token_recycling import TokenRecycling
 from specbench.methods.swift import Swift
+from specbench.methods.suffix import SuffixDecoding
 from specbench.engines.loops import LoopBackend
 from specbench.runner import Entry, Runner, RunSpec
 
@@ -61,6 +62,7 @@ def makers(pair):
         "dyn_heur": lambda: SpeculativeDecoding(pair, "dyn_heur", policy=HeuristicSL(initial=2, persistent=True)),
         "token_recycling": lambda: TokenRecycling(pair, tree=[2, 2, 1], warm_start=True),
         "swift": lambda: Swift(pair, gamma=3, search_trials=2),  # the skip set searched on prompt 0
+        "suffix": lambda: SuffixDecoding(pair, max_cached_requests=3),  # 4 prompts: the cap evicts too
     }
 
 
@@ -74,7 +76,7 @@ def test_every_prompt_and_repeat_starts_from_the_earlier_prompts_state(tmp_path)
         assert len(measured) == 2 * len(EXAMPLES)
         for ids, state in measured:
             assert state == want[ids], name
-        assert measured[0][1] in (None, {}, 2)  # prompt 0: a new method's state, whatever the warm-up learnt
+        assert measured[0][1] in (None, {}, 2, ())  # prompt 0: a new method's state, whatever the warm-up learnt
 
 
 def test_a_resumed_run_starts_from_the_same_state(tmp_path):

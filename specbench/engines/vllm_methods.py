@@ -47,6 +47,18 @@ def ngram(method: dict, files: ModelFiles) -> dict:
             "prompt_lookup_max": method.get("max_ngram_size", 3), "prompt_lookup_min": method.get("min_ngram_size", 1)}
 
 
+def suffix(method: dict, files: ModelFiles) -> dict:
+    """method=suffix: vLLM's suffix decoding (Arctic Inference). vLLM drafts a single path (Arctic's path mode),
+    our loops a tree by default (method.tree); the trees, α and the probability floor are the same settings."""
+    require(method.get("min_match", 1) == 1, "method.min_match",
+            "vLLM's suffix decoding matches suffixes from 1 token; only our loops (engine=hf) have min_match")
+    return {"method": "suffix", "num_speculative_tokens": method.get("max_tree_nodes", 24),
+            "suffix_decoding_max_tree_depth": method.get("max_depth", 24),
+            "suffix_decoding_max_spec_factor": method.get("max_spec_factor", 1.0),
+            "suffix_decoding_min_token_prob": method.get("min_token_prob", 0.1),
+            "suffix_decoding_max_cached_requests": method.get("max_cached_requests", 10000)}
+
+
 def engine_method(method: dict, files: ModelFiles) -> dict:
     name = method["engine_method"]
     positive_int(method.get("num_speculative_tokens", 4), "method.num_speculative_tokens")
@@ -98,6 +110,7 @@ SPECULATIVE_CONFIGS = {
     "specbench.methods.greedy.Greedy": no_speculation,
     "specbench.methods.speculative.SpeculativeDecoding": draft_model,
     "specbench.methods.prompt_lookup.PromptLookup": ngram,
+    "specbench.methods.suffix.SuffixDecoding": suffix,
     "specbench.methods.engine_only.EngineMethod": engine_method,
     "specbench.methods.feature_head.FeatureHeadMethod": feature_head,
     "specbench.methods.medusa.MedusaMethod": medusa_heads,

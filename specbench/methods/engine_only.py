@@ -1,4 +1,4 @@
-"""Methods that exist only as another engine's implementation (vLLM's EAGLE-3, Medusa, MTP, suffix decoding):
+"""Methods that exist only as another engine's implementation (vLLM's EAGLE-3, Medusa, MTP):
 their configs name the engine's method and its draft head; our own loops have no such method."""
 from __future__ import annotations
 
@@ -14,4 +14,4 @@ class EngineMethod:
         positive_int(num_speculative_tokens, "method.num_speculative_tokens")
         raise ConfigError(f"method={name}: runs only with engine=vllm (it is vLLM's {engine_method!r}); our own "
                           "loops (engine=hf) have greedy, speculative, prompt_lookup, specinfer, lookahead, "
-                          "ouroboros, hf_assisted, eagle, griffin and the speculation-length policies")
+                          "ouroboros, hf_assisted, eagle, griffin, suffix and the speculation-length policies")
