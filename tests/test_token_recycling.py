@@ -129,7 +129,7 @@ def test_the_verify_step_returns_the_targets_topk_at_x0_and_every_node(arch):
     assert len(step.topk) == 5 and all(len(row) == 4 for row in step.topk)
     paths = [[], [50], [60], [50, 51], [50, 52]]  # x0, then each node's path
     for path, row in zip(paths, step.topk):
-        logits = pair.target(torch.tensor([prompt + path])).logits[0, -1].float()
+        logits = pair.target(torch.tensor([prompt + path], device=pair.target.device)).logits[0, -1].float()
         assert row == logits.topk(4).indices.tolist()
     assert verify_step(pair.lm("target"), list(prompt), proposal, None).topk is None  # not asked: none
 
