@@ -71,39 +71,33 @@ def engine_method(method: dict, files: ModelFiles) -> dict:
     return {**config, **(method.get("options") or {})}
 
 
-def feature_head(method: dict, files: ModelFiles) -> dict:
-    """method=eagle: vLLM's EAGLE with a published head (Hugging Face id or its downloaded directory)."""
+def published_head(method: dict, name: str, kind: str, other: str, example: str, depth: int) -> dict:
+    """vLLM's ``name`` speculation with a head in its published format (Hugging Face id or its downloaded directory);
+    a head trained here (specbench's format) or a kind vLLM lacks (``other``: what to say) is refused."""
     from pathlib import Path
 
     from ..models.head_artifact import CONFIG_FILE, located
 
-    require(method.get("kind", "eagle") == "eagle", "method.kind",
-            "vLLM has no GRIFFIN drafting; method=griffin runs with engine=hf")
+    require(method.get("kind", kind) == kind, "method.kind", other)
     head = located(method).get("head")
-    require(bool(head), "method.head", "vLLM's eagle needs a draft head made for this target")
+    require(bool(head), "method.head", f"vLLM's {name} needs a draft head made for this target")
     require(not (Path(str(head)).expanduser() / CONFIG_FILE).exists(), "method.head",
-            f"{head} is a head trained here (specbench format); vLLM loads EAGLE heads in their published format "
-            "(a Hugging Face id such as yuhuili/EAGLE-LLaMA3-Instruct-8B). Heads trained here run with engine=hf")
-    positive_int(method.get("depth", 5), "method.depth")
-    return {"method": "eagle", "model": head, "num_speculative_tokens": method.get("depth", 5)}
+            f"{head} is a head trained here (specbench format); vLLM loads {name} heads in their published format "
+            f"(a Hugging Face id such as {example}). Heads trained here run with engine=hf")
+    positive_int(method.get("depth", depth), "method.depth")
+    return {"method": name, "model": head, "num_speculative_tokens": method.get("depth", depth)}
+
+
+def feature_head(method: dict, files: ModelFiles) -> dict:
+    """method=eagle: vLLM's EAGLE with a published head."""
+    return published_head(method, "eagle", "eagle", "vLLM has no GRIFFIN drafting; method=griffin runs with engine=hf",
+                          "yuhuili/EAGLE-LLaMA3-Instruct-8B", 5)
 
 
 def medusa_heads(method: dict, files: ModelFiles) -> dict:
-    """method=medusa: vLLM's Medusa with a published head (Hugging Face id or its downloaded directory, Medusa's
-    format); heads trained here and Hydra's run with engine=hf."""
-    from pathlib import Path
-
-    from ..models.head_artifact import CONFIG_FILE, located
-
-    require(method.get("kind", "medusa") == "medusa", "method.kind",
-            "vLLM has no Hydra drafting; method=hydra runs with engine=hf")
-    head = located(method).get("head")
-    require(bool(head), "method.head", "vLLM's medusa needs Medusa heads made for this target")
-    require(not (Path(str(head)).expanduser() / CONFIG_FILE).exists(), "method.head",
-            f"{head} is a head trained here (specbench format); vLLM loads Medusa heads in their published format "
-            "(a Hugging Face id such as FasterDecoding/medusa-vicuna-7b-v1.3). Heads trained here run with engine=hf")
-    positive_int(method.get("depth", 4), "method.depth")
-    return {"method": "medusa", "model": head, "num_speculative_tokens": method.get("depth", 4)}
+    """method=medusa: vLLM's Medusa with published heads (Medusa's format); Hydra's run with engine=hf."""
+    return published_head(method, "medusa", "medusa", "vLLM has no Hydra drafting; method=hydra runs with engine=hf",
+                          "FasterDecoding/medusa-vicuna-7b-v1.3", 4)
 
 
 SPECULATIVE_CONFIGS = {

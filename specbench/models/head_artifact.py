@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
+from typing import ClassVar
 from pathlib import Path
 
 import torch
@@ -61,20 +62,24 @@ def save_artifact(directory: Path, tensors: dict, config: dict, provenance: dict
 
 
 @dataclass
-class HeadArtifact:
-    config: HeadConfig
+class TrainedHead:
+    """A draft head's weights as loaded, whatever its kind: ``config`` (kind, ``mismatch(model_config)``), the
+    state dict, the weights' sha256, where they came from and how they were made. ``module`` is the nn.Module
+    class the config builds."""
+
+    config: object
     state: dict
-    draft_ids: torch.Tensor | None
     sha256: str
     source: str
     provenance: dict
+    module: ClassVar[type] = DraftHead
 
     @property
     def identity(self) -> dict:
         return {"kind": self.config.kind, "source": self.source, "sha256": self.sha256}
 
-    def build(self, dtype: torch.dtype = torch.float32, device="cpu") -> DraftHead:
-        head = DraftHead(self.config)
+    def build(self, dtype: torch.dtype = torch.float32, device="cpu") -> torch.nn.Module:
+        head = self.module(self.config)
         result = head.load_state_dict(self.state, strict=False)
         if result.missing_keys:
             raise ConfigError(f"method.head: {self.source} lacks {result.missing_keys[:6]} for a {self.config.kind} "
@@ -85,8 +90,15 @@ class HeadArtifact:
         problem = self.config.mismatch(model_config)
         if problem:
             raise ConfigError(f"{key}: {self.source} was made for another target ({problem}); train one for this "
-                              "target with `python -m specbench.training.heads model=<this pair>` or pick a head made "
-                              "for it")
+                              f"target with `python -m specbench.training.heads head={self.config.kind} "
+                              "model=<this pair>` or pick a head made for it")
+
+
+@dataclass
+class HeadArtifact(TrainedHead):
+    """An EAGLE / GRIFFIN head; ``draft_ids``: its reduced vocabulary's target ids, or None (the target's)."""
+
+    draft_ids: torch.Tensor | None = None
 
 
 def missing(directory: Path, key: str) -> ConfigError:
@@ -118,7 +130,8 @@ def load_local(directory: Path, key: str = "method.head") -> HeadArtifact:
         raise ConfigError(f"{key}: {directory} is a {kind} head, not a feature-level (eagle/griffin) one "
                           f"(method={kind} runs it)")
     draft_ids = state.pop("draft_ids", None)
-    return HeadArtifact(HeadConfig(**meta["config"]), state, draft_ids, sha, str(directory), meta.get("provenance", {}))
+    return HeadArtifact(HeadConfig(**meta["config"]), state, sha, str(directory), meta.get("provenance", {}),
+                        draft_ids=draft_ids)
 
 
 def located(method: dict) -> dict:
@@ -179,7 +192,7 @@ def load_published(repo_id: str, kind: str, local_files_only: bool, key: str) ->
     if kind == "griffin" and "fc.mlp.up_proj.weight" in state:
         options["tgf_width"] = state["fc.mlp.up_proj.weight"].shape[0]  # the released code: intermediate_size
     head_config = HeadConfig.for_target(config, kind, **options)
-    return HeadArtifact(head_config, published_state(state, kind), None, weights_digest(directory), repo_id,
+    return HeadArtifact(head_config, published_state(state, kind), weights_digest(directory), repo_id,
                         {"published": repo_id})
 
 

@@ -25,13 +25,15 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
 from ..errors import ConfigError
-from .head_artifact import CONFIG_FILE, looks_like_hub_id, read_artifact, save_artifact, weights_digest
+from .head_artifact import (CONFIG_FILE, TrainedHead, looks_like_hub_id, read_artifact, save_artifact,
+                            weights_digest)
 
 KINDS = ("medusa", "hydra")
 
@@ -114,31 +116,10 @@ class MedusaHeads(nn.Module):
 
 
 @dataclass
-class MedusaArtifact:
-    config: MedusaConfig
-    state: dict
-    sha256: str
-    source: str
-    provenance: dict
+class MedusaArtifact(TrainedHead):
+    """Medusa / Hydra heads as loaded (trained here, or Medusa's published format)."""
 
-    @property
-    def identity(self) -> dict:
-        return {"kind": self.config.kind, "source": self.source, "sha256": self.sha256}
-
-    def build(self, dtype: torch.dtype = torch.float32, device="cpu") -> MedusaHeads:
-        heads = MedusaHeads(self.config)
-        result = heads.load_state_dict(self.state, strict=False)
-        if result.missing_keys:
-            raise ConfigError(f"method.head: {self.source} lacks {result.missing_keys[:6]} for a {self.config.kind} "
-                              "head (a checkpoint of another kind or layout)")
-        return heads.to(device=device, dtype=dtype).eval()
-
-    def check_target(self, model_config, key: str = "method.head") -> None:
-        problem = self.config.mismatch(model_config)
-        if problem:
-            raise ConfigError(f"{key}: {self.source} was made for another target ({problem}); train one for this "
-                              f"target with `python -m specbench.training.heads head={self.config.kind} "
-                              "model=<this pair>` or pick a head made for it")
+    module: ClassVar[type] = MedusaHeads
 
 
 def save_medusa(directory: Path, heads: MedusaHeads, provenance: dict) -> str:
