@@ -7,6 +7,11 @@ logits lm_head(F̂_{t+1}) rank x_{t+2}. The target's embeddings and lm_head are 
 
 - EAGLE: ``fc([e(x_{t+1}); F_t])`` (2H -> H), one Llama/Qwen decoder layer without its input norm; its output is
   both the next feature and the input to lm_head.
+- EAGLE-3 (Li et al. 2025): as EAGLE's, but the feature the first step reads is the fusion of the target's low,
+  middle and high layers, g_t = fc3([l_t; m_t; h_t]) (3H -> H, ``fuse_layers``; ``feature_layers`` says which
+  layers: the inputs of decoder layers 2, L/2 and L-3, as EAGLE-3's code), and its output only feeds lm_head
+  over the draft vocabulary (no feature regression: it is trained on tokens alone, models/eagle3.py); later
+  steps read the head's own output in place of g.
 - GRIFFIN: token-guided fusion (TGF) instead of ``fc``: u = fc([e; F]); h = u + down(silu(up([norm(u); norm(e)])))
   (up 2H -> 3H, down 3H -> H; N an RMSNorm); and a dual head (TEH): the layer's MLP projects to 2H, split into the
   *predict* feature (-> lm_head) and the *regress* feature (-> the next step's input F̂): with the layer's
@@ -25,12 +30,12 @@ from torch.nn import functional as F
 
 from ..errors import ConfigError
 
-KINDS = ("eagle", "griffin")
+KINDS = ("eagle", "griffin", "eagle3")
 
 
 @dataclass
 class HeadConfig:
-    kind: str                      # eagle | griffin
+    kind: str                      # eagle | griffin | eagle3
     hidden_size: int               # H: the target's
     intermediate_size: int         # the decoder layer's MLP width
     num_heads: int
@@ -47,6 +52,7 @@ class HeadConfig:
     tgf_width: int = 0             # GRIFFIN's TGF expansion width (0: 3H, the paper's)
     tgf_second: str = "token"      # what TGF's secondary fusion reads beside norm(u): token | feature | fused
     target: dict = field(default_factory=dict)  # what it was made for: model name, type
+    feature_layers: list = field(default_factory=list)  # eagle3: the decoder layers whose inputs it fuses
 
     def __post_init__(self):
         if self.kind not in KINDS:
@@ -57,6 +63,9 @@ class HeadConfig:
             raise ValueError(f"fusion {self.fusion!r}; valid: fc, tgf")
         self.fusion = self.fusion or ("tgf" if self.kind == "griffin" else "fc")
         self.dual = (self.kind == "griffin") if self.dual is None else bool(self.dual)
+        self.feature_layers = [int(i) for i in self.feature_layers]
+        if self.kind == "eagle3" and len(self.feature_layers) != 3:
+            raise ValueError(f"an eagle3 head fuses three layers (low, mid, high), got {self.feature_layers}")
 
     @classmethod
     def for_target(cls, model_config, kind: str, intermediate_size: int | None = None, draft_vocab_size: int = 0,
@@ -67,6 +76,8 @@ class HeadConfig:
             raise ConfigError(f"model: feature-level draft heads draft for Llama-family targets (Llama, Qwen2, "
                               f"Mistral: RMSNorm, rotary attention, gated MLP); this target is {c.model_type!r}")
         heads = c.num_attention_heads
+        if kind == "eagle3" and not overrides.get("feature_layers"):
+            overrides["feature_layers"] = eagle3_layers(c.num_hidden_layers)
         rope = getattr(c, "rope_parameters", None) or {}
         theta = rope.get("rope_theta", getattr(c, "rope_theta", 10000.0))
         return cls(kind=kind, hidden_size=c.hidden_size,
@@ -87,7 +98,16 @@ class HeadConfig:
         for key in ("hidden_size", "vocab_size"):  # the head's attention is its own (its own cache)
             if getattr(self, key) != getattr(want, key):
                 return f"{key} {getattr(self, key)} but the target's is {getattr(want, key)}"
+        layers = getattr(model_config, "num_hidden_layers", 0)
+        if self.feature_layers and max(self.feature_layers) >= layers:
+            return f"feature_layers {self.feature_layers} but the target has {layers} decoder layers"
         return None
+
+
+def eagle3_layers(layers: int) -> list[int]:
+    """EAGLE-3's low / mid / high features: the inputs of decoder layers 2, L // 2 and L - 3 (clamped into
+    0..L-1 for the tiny targets of the tests)."""
+    return [min(2, layers - 1), layers // 2, max(layers - 3, 0)]
 
 
 class RMSNorm(nn.Module):
@@ -247,6 +267,15 @@ class DraftHead(nn.Module):
         self.self_attn = Attention(cfg)
         self.post_attention_layernorm = RMSNorm(h, cfg.rms_eps)
         self.mlp = GatedMLP(h, cfg.intermediate_size, 2 * h if cfg.dual else h)
+        if cfg.kind == "eagle3":  # fc3: the target's low/mid/high features (3H) -> g (H)
+            self.layer_fc = nn.Linear(3 * h, h, bias=False)
+
+    def fuse_layers(self, states: torch.Tensor) -> torch.Tensor:
+        """EAGLE-3: (…, 3H) [low; mid; high] target states -> (…, H) g, the feature the head reads; other kinds
+        read the target's last hidden state as it is."""
+        if self.cfg.kind != "eagle3":
+            return states
+        return self.layer_fc(states.to(self.layer_fc.weight.dtype))
 
     def forward(self, embeds, features, positions, mask=None, cache: HeadCache | None = None, streams=None):
         x = self.fusion(embeds, features)
