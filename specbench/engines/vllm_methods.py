@@ -60,20 +60,23 @@ def engine_method(method: dict, files: ModelFiles) -> dict:
 
 
 def feature_head(method: dict, files: ModelFiles) -> dict:
-    """method=eagle: vLLM's EAGLE with a published head (Hugging Face id or its downloaded directory)."""
+    """method=eagle / eagle3: vLLM's EAGLE / EAGLE-3 with a published head (Hugging Face id or its downloaded
+    directory)."""
     from pathlib import Path
 
     from ..models.head_artifact import CONFIG_FILE, located
 
-    require(method.get("kind", "eagle") == "eagle", "method.kind",
+    kind = method.get("kind", "eagle")
+    require(kind in ("eagle", "eagle3"), "method.kind",
             "vLLM has no GRIFFIN drafting; method=griffin runs with engine=hf")
+    example = "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B" if kind == "eagle3" else "yuhuili/EAGLE-LLaMA3-Instruct-8B"
     head = located(method).get("head")
-    require(bool(head), "method.head", "vLLM's eagle needs a draft head made for this target")
+    require(bool(head), "method.head", f"vLLM's {kind} needs a draft head made for this target")
     require(not (Path(str(head)).expanduser() / CONFIG_FILE).exists(), "method.head",
-            f"{head} is a head trained here (specbench format); vLLM loads EAGLE heads in their published format "
-            "(a Hugging Face id such as yuhuili/EAGLE-LLaMA3-Instruct-8B). Heads trained here run with engine=hf")
+            f"{head} is a head trained here (specbench format); vLLM loads {kind.upper()} heads in their published "
+            f"format (a Hugging Face id such as {example}). Heads trained here run with engine=hf")
     positive_int(method.get("depth", 5), "method.depth")
-    return {"method": "eagle", "model": head, "num_speculative_tokens": method.get("depth", 5)}
+    return {"method": kind, "model": head, "num_speculative_tokens": method.get("depth", 5)}
 
 
 def medusa_heads(method: dict, files: ModelFiles) -> dict:

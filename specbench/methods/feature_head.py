@@ -49,6 +49,9 @@ class FeatureHeadMethod(ProposerMethod):
                 f"`python -m specbench.training.heads head=<name>` trained (make heads: {kind}), a directory, or a "
                 "published head's Hugging Face id")
         head = head_location(head, heads_dir)
+        require(kind != "eagle3" or not looks_like_hub_id(head), "method.head",
+                f"{head}: published EAGLE-3 heads run with engine=vllm (their layer reads [e; g] as 2H, this one "
+                "EAGLE's fc([e; g])); with engine=hf name a head trained here (head=eagle3)")
         if not looks_like_hub_id(head) and not (Path(head).expanduser() / CONFIG_FILE).is_file():
             raise missing(Path(head).expanduser(), "method.head")
         self.head_source, self.local_files_only = head, local_files_only

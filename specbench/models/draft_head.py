@@ -322,6 +322,9 @@ class DraftHead(nn.Module):
                 if mine.bias is not None and getattr(theirs, "bias", None) is not None:
                     mine.bias.copy_(theirs.bias.float())
             self.post_attention_layernorm.weight.copy_(layer.post_attention_layernorm.weight.float())
+            if self.cfg.kind == "eagle3":  # fc3 starts as the high layer's input alone
+                self.layer_fc.weight.zero_()
+                self.layer_fc.weight[:, 2 * h:] = torch.eye(h)
             fc = self.fusion.fc
             fc.weight.zero_()
             fc.weight[:, h:] = torch.eye(h)
