@@ -30,7 +30,8 @@ from .base import NoTimeline, ProposerMethod
 
 class FeatureHeadMethod(ProposerMethod):
     """Knobs (EAGLE-2's names): ``top_k`` K (children per expanded node and frontier width), ``depth`` D (head
-    forwards per step), ``max_nodes`` (tree budget: total_token). ``kind``: eagle | griffin, the head it needs."""
+    forwards per step), ``max_nodes`` (tree budget: total_token). ``kind``: eagle | griffin | eagle3, the head it
+    needs."""
 
     backends = ("transformers",)
     backend_reason = "its head reads the target's hidden states and lm_head, which llama.cpp does not expose here"
