@@ -12,6 +12,7 @@ from hydra import compose, initialize_config_dir
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from specbench import benchmark
 from specbench.decoding.cached_lm import FeatureLM
 from specbench.decoding.dynamic_tree import HeadTree
 from specbench.decoding.proposal import StepContext
@@ -81,6 +82,12 @@ def test_the_tree_fuses_the_targets_features_with_fc3_as_they_arrive(tmp_path):
     states = torch.randn(3, 3 * 64)
     tree.observe(SimpleNamespace(features=states))  # a Step: observe reads its features
     assert torch.allclose(tree.features, head.layer_fc(states), atol=1e-6)
+    if torch.backends.mkldnn.is_available():  # the pair's oneDNN-packed kernel (bf16 on AVX-512 CPUs) keeps no weight
+        from specbench.models.cpu_linear import pack_linears
+        packed = DraftHead(head.cfg)
+        packed.load_state_dict(head.state_dict())
+        pack_linears(packed)
+        assert torch.allclose(packed.fuse_layers(states), head.layer_fc(states), atol=1e-5)
     eagle = DraftHead(HeadConfig.for_target(pair.target.config, "eagle"))
     assert eagle.fuse_layers(states[:, :64]) is not None and not hasattr(eagle, "layer_fc")
 
@@ -235,3 +242,12 @@ def test_pipeline_trains_an_eagle3_head_then_method_eagle3_decodes_with_it(tmp_p
     assert method.identity["sha256"] == meta["sha256"]
     prompt = pair.encode("prompt 3: say something about 21")
     assert method.generate(prompt, 16, set()).tokens == Greedy(pair, "g").generate(prompt, 16, set()).tokens
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        run_cfg = compose(config_name="config", overrides=[
+            "model=tiny_llama", f"model.device={TEST_DEVICE}", "method=eagle3", "method.depth=3",
+            f"paths.root={tmp_path / 'runs'}", "data=gsm8k", "data.limit=2", "data.max_new_tokens=12",
+            "runner.warmup=0", "runner.progress=false"])
+    summary = benchmark.run(run_cfg)  # the CLI's path: conf/method/eagle3.yaml finds the head by its name
+    assert summary["identical"] == summary["compared"] == 2
+    record = json.loads(next((tmp_path / "runs" / "records").rglob("*eagle3*.jsonl")).read_text().splitlines()[0])
+    assert record["config"]["method"]["head_sha256"] == meta["sha256"]

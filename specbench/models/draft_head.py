@@ -275,7 +275,8 @@ class DraftHead(nn.Module):
         read the target's last hidden state as it is."""
         if self.cfg.kind != "eagle3":
             return states
-        return self.layer_fc(states.to(self.layer_fc.weight.dtype))
+        dtype = getattr(self.layer_fc, "dtype", None) or self.layer_fc.weight.dtype  # a PackedLinear has no weight
+        return self.layer_fc(states.to(dtype))
 
     def forward(self, embeds, features, positions, mask=None, cache: HeadCache | None = None, streams=None):
         x = self.fusion(embeds, features)
