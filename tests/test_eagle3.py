@@ -200,9 +200,6 @@ def test_heads_for_another_target_or_kind_and_published_ids_are_refused(tmp_path
     random_head(tiny_pair(), tmp_path / "e3")
     with pytest.raises(ConfigError, match=r"^method\.head: .* is a eagle3 head; method eagle needs a eagle head"):
         FeatureHeadMethod(tiny_pair(), "eagle", kind="eagle", head=str(tmp_path / "e3"))
-    with pytest.raises(ConfigError, match=r"^method\.head: someone/EAGLE3-tiny: published EAGLE-3 heads run with "
-                                          r"engine=vllm"):
-        FeatureHeadMethod(tiny_pair(), "eagle3", kind="eagle3", head="someone/EAGLE3-tiny")
     with pytest.raises(ConfigError, match=r"^method\.kind: must be one of \['eagle', 'griffin', 'eagle3'\]"):
         FeatureHeadMethod(tiny_pair(), "eagle4", kind="eagle4", head=str(tmp_path / "e3"))
 
@@ -219,6 +216,62 @@ def test_static_execution_is_refused_before_the_pair_is_read(tmp_path):
     random_head(tiny_pair(), tmp_path)
     with pytest.raises(ConfigError, match=r"^model\.execution: method=eagle3 reads three of the target's layers"):
         FeatureHeadMethod(Unloaded(), "eagle3", kind="eagle3", head=str(tmp_path))
+
+
+def published_eagle3_state(pair, draft_ids, seed=5):
+    """A released EAGLE-3 head's layout (fc, midlayer.*, norm, lm_head over the draft vocabulary, d2t offsets,
+    t2d), from one of ours with the released layer (norm_concat) and random weights."""
+    config = HeadConfig.for_target(pair.target.config, "eagle3", fusion="norm_concat", final_norm=True,
+                                   draft_vocab_size=len(draft_ids))
+    head = DraftHead(config).init_weights(seed=seed, std=0.2)
+    names = {"layer_fc.": "fc.", "fusion.embed_norm.": "midlayer.input_layernorm.",
+             "fusion.hidden_norm.": "midlayer.hidden_norm.", "norm.": "norm."}
+    state = {}
+    for name, value in head.state_dict().items():
+        prefix = next((k for k in names if name.startswith(k)), None)
+        state[names[prefix] + name[len(prefix):] if prefix else "midlayer." + name] = value
+    lm_head = torch.randn(len(draft_ids), 64, generator=torch.Generator().manual_seed(seed))
+    state.update({"lm_head.weight": lm_head, "d2t": draft_ids - torch.arange(len(draft_ids)),
+                  "t2d": torch.zeros(pair.vocab_size, dtype=torch.bool)})
+    return head, lm_head, state
+
+
+def test_a_published_eagle3_checkpoint_loads_from_the_hub_cache_and_drafts(tmp_path, monkeypatch):
+    from transformers import LlamaConfig
+
+    from .test_feature_heads import hub_snapshot
+
+    pair = tiny_pair(4)
+    draft_ids = torch.arange(3, 200, 2)
+    head, lm_head, state = published_eagle3_state(pair, draft_ids)
+    config = LlamaConfig(**{**pair.target.config.to_dict(), "num_hidden_layers": 1, "draft_vocab_size": len(draft_ids)})
+    hub_snapshot(tmp_path / "hub", "someone/EAGLE3-tiny", config, state, monkeypatch)
+    method = FeatureHeadMethod(pair, "eagle3", kind="eagle3", head="someone/EAGLE3-tiny", top_k=3, depth=3,
+                               max_nodes=8)
+    assert method.artifact.config.feature_layers == [2, 2, 1]  # the target's 2, L/2, L-3 (L = 4)
+    assert torch.equal(method.parts.draft_ids, draft_ids) and torch.equal(method.parts.lm_head_weight, lm_head)
+    for name, value in head.state_dict().items():
+        assert torch.equal(method.head.state_dict()[name].cpu(), value)
+    for prompt in ([5, 9, 14, 200, 31], [7, 7, 7]):
+        gen = method.generate(prompt, 16, set())
+        assert gen.tokens == Greedy(pair, "g").generate(prompt, 16, set()).tokens
+    with pytest.raises(ConfigError, match=r"^method\.head: someone/EAGLE3-absent is not in the local Hugging Face "
+                                          r"cache and hub access is off"):
+        FeatureHeadMethod(pair, "eagle3", kind="eagle3", head="someone/EAGLE3-absent")
+
+
+def test_the_released_layer_reads_normed_token_and_feature_with_g_as_its_residual():
+    pair = tiny_pair()
+    config = HeadConfig.for_target(pair.target.config, "eagle3", fusion="norm_concat", final_norm=True)
+    head = DraftHead(config).init_weights(seed=1, std=0.2)
+    assert head.self_attn.q_proj.in_features == 2 * 64
+    e, g = torch.randn(1, 3, 64), torch.randn(1, 3, 64)
+    predict, hidden = head(e, g, torch.arange(3)[None])
+    with torch.no_grad():
+        head.self_attn.o_proj.weight.zero_()
+        head.mlp.down_proj.weight.zero_()
+    predict, hidden = head(e, g, torch.arange(3)[None])
+    assert torch.allclose(hidden, g) and torch.allclose(predict, head.norm(g))  # zero layer: g passes through
 
 
 # -- the pipeline ----------------------------------------------------------------------------------------------------

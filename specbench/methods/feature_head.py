@@ -22,7 +22,7 @@ from ..decoding.loop import speculative_generate
 from ..errors import require
 from ..models.head_names import head_location
 from ..models.cpu_linear import apply_linear_kernel
-from ..models.draft_head import KINDS, HeadConfig, TargetParts
+from ..models.draft_head import KINDS, HeadConfig, TargetParts, eagle3_layers
 from ..models.head_artifact import CONFIG_FILE, load_head, looks_like_hub_id, missing
 from ..errors import positive_int
 from .base import NoTimeline, ProposerMethod
@@ -50,9 +50,6 @@ class FeatureHeadMethod(ProposerMethod):
                 f"`python -m specbench.training.heads head=<name>` trained (make heads: {kind}), a directory, or a "
                 "published head's Hugging Face id")
         head = head_location(head, heads_dir)
-        require(kind != "eagle3" or not looks_like_hub_id(head), "method.head",
-                f"{head}: published EAGLE-3 heads run with engine=vllm (their layer reads [e; g] as 2H, this one "
-                "EAGLE's fc([e; g])); with engine=hf name a head trained here (head=eagle3)")
         if not looks_like_hub_id(head) and not (Path(head).expanduser() / CONFIG_FILE).is_file():
             raise missing(Path(head).expanduser(), "method.head")
         self.head_source, self.local_files_only = head, local_files_only
@@ -62,11 +59,14 @@ class FeatureHeadMethod(ProposerMethod):
         self.check_blocks()  # here: a ConfigOnlyPair stops the early build at the next line
         target = pair.target  # a ConfigOnlyPair stops the early build here: the rest needs the loaded pair
         self.artifact = load_head(head, kind, local_files_only)
+        if kind == "eagle3" and "published" in self.artifact.provenance:  # its layers are the target's 2, L/2, L-3
+            self.artifact.config.feature_layers = eagle3_layers(target.config.num_hidden_layers)
         HeadConfig.for_target(target.config, kind)  # a target no head can draft for (GPT-2) is named first
         self.artifact.check_target(target.config)
         dtype, kernel = next(target.parameters()).dtype, pair.precision.linear_kernel
         self.head = apply_linear_kernel(self.artifact.build(dtype=dtype, device=pair.device), kernel)
-        self.parts = TargetParts.of(target, self.artifact.draft_ids, dtype, kernel)  # it places draft_ids
+        self.parts = TargetParts.of(target, self.artifact.draft_ids, dtype, kernel,  # it places draft_ids
+                                    lm_head=self.artifact.lm_head)
 
     @property
     def identity(self) -> dict:
