@@ -100,8 +100,8 @@ def test_hf_refuses_batches_before_any_model_loads(tmp_path, no_model_loads):
 
 
 def test_vllm_only_method_with_hf_fails_before_any_model_loads(tmp_path, no_model_loads):
-    cfg = composed("model=tiny_llama", "method=eagle3", f"runner.records_dir={tmp_path}")
-    with pytest.raises(ConfigError, match=r"^method=eagle3: runs only with engine=vllm \(it is vLLM's 'eagle3'\)"):
+    cfg = composed("model=tiny_llama", "method=mtp", f"runner.records_dir={tmp_path}")
+    with pytest.raises(ConfigError, match=r"^method=mtp: runs only with engine=vllm \(it is vLLM's 'mtp'\)"):
         run(cfg)
 
 
@@ -239,6 +239,21 @@ def test_eagle_needs_a_published_head(installed, tmp_path):
         speculative_config(method("method=eagle", f"method.head={tmp_path}"), FILES)
     with pytest.raises(ConfigError, match=r"^method\.kind: vLLM has no GRIFFIN drafting"):
         speculative_config(method("method=griffin"), FILES)
+
+
+def test_eagle3_is_ours_on_hf_and_vllms_eagle3_with_a_published_head(installed, tmp_path):
+    """method=eagle3 was an engine=vllm-only EngineMethod; it is now our FeatureHeadMethod with an eagle3 head
+    (trained here, engine=hf), and under engine=vllm it maps to vLLM's eagle3 with a published head."""
+    assert method("method=eagle3")["_target_"] == "specbench.methods.feature_head.FeatureHeadMethod"
+    assert method("method=eagle3")["kind"] == "eagle3"
+    assert speculative_config(method("method=eagle3", "method.head=yuhuili/EAGLE3-LLaMA3.1-Instruct-8B"), FILES) == {
+        "method": "eagle3", "num_speculative_tokens": 4, "model": "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B"}
+    with pytest.raises(ConfigError, match=r"^method\.head: vLLM's eagle3 needs a draft head made for this target"):
+        speculative_config(method("method=eagle3", "method.head=null"), FILES)
+    (tmp_path / "head.json").write_text("{}")
+    with pytest.raises(ConfigError, match=r"^method\.head: .* is a head trained here \(specbench format\); vLLM "
+                                          r"loads EAGLE3 heads"):
+        speculative_config(method("method=eagle3", f"method.head={tmp_path}"), FILES)
 
 
 def test_medusa_is_ours_on_hf_and_vllms_medusa_with_a_published_head(installed, tmp_path):

@@ -6,6 +6,7 @@ Invariant kept by the linear methods: the cache holds exactly the committed toke
 from __future__ import annotations
 
 import inspect
+from contextlib import contextmanager
 from typing import Sequence
 
 import torch
@@ -128,12 +129,17 @@ class FeatureLM(CachedLM):
     (after its final norm, before ``lm_head``), F_t in EAGLE's and GRIFFIN's notation, what a feature-level
     draft head reads. The model runs as its base model + output embeddings, so logits are ``lm_head(F)``: a
     model whose logits are more than that (a soft-capped Gemma) is refused.
+
+    layers (EAGLE-3): the features are instead the inputs of these decoder layers, concatenated, (n, 3H) for
+    its low / mid / high layers, read by forward pre-hooks during the same forward (no second pass, nothing
+    computed twice; the hooks stay on for that one call only).
     """
 
-    def __init__(self, model: torch.nn.Module, vocab: int | None = None):
+    def __init__(self, model: torch.nn.Module, vocab: int | None = None, layers: Sequence[int] = ()):
         super().__init__(model, vocab)
         self.check_model(model)
-        self.hidden: torch.Tensor | None = None  # (n, H) of the last call, in the model's dtype
+        self.layers = tuple(layers)
+        self.hidden: torch.Tensor | None = None  # (n, H) (layers: (n, len(layers)·H)) of the last call
 
     @staticmethod
     def check_model(model: torch.nn.Module) -> None:
@@ -145,14 +151,38 @@ class FeatureLM(CachedLM):
 
     def _run(self, input_ids, kwargs):
         keep = kwargs.pop("logits_to_keep", None)
-        out = self.model.base_model(input_ids=input_ids, use_cache=True, **{self.cache_arg: self.cache}, **kwargs)
+        with layer_inputs(self.model, self.layers) as states:
+            out = self.model.base_model(input_ids=input_ids, use_cache=True, **{self.cache_arg: self.cache},
+                                        **kwargs)
         self.cache = returned_cache(out)
         hidden = out.last_hidden_state  # (1, n, H)
-        self.hidden = hidden[0]
+        self.hidden = torch.cat(states, dim=-1)[0] if self.layers else hidden[0]
         return self.model.get_output_embeddings()(hidden if keep is None else hidden[:, -keep:])
 
     def features_at(self, rows):
         return self.hidden[list(rows)]
+
+
+@contextmanager
+def layer_inputs(model: torch.nn.Module, layers: Sequence[int]):
+    """Within the block, the model's forwards record the input of each decoder layer in ``layers``; after it,
+    the yielded list holds them ((b, n, H) each, in ``layers``' order: EAGLE-3's low / mid / high features)."""
+    states: list[torch.Tensor] = []
+    if not layers:
+        yield states
+        return
+    decoder = getattr(model.base_model, "layers", None)
+    if decoder is None:
+        raise ValueError(f"{type(model).__name__} has no decoder layers list to read features from")
+    found: dict[int, torch.Tensor] = {}
+    hooks = [decoder[i].register_forward_pre_hook(lambda module, args, i=i: found.__setitem__(i, args[0]))
+             for i in sorted(set(layers))]
+    try:
+        yield states
+    finally:
+        for hook in hooks:
+            hook.remove()
+    states += [found[i] for i in layers if i in found]
 
 
 def draft_lm(pair) -> CachedLM:

@@ -18,6 +18,8 @@ The first step proposes nothing: the target's prefill gives x0 and the prompt's 
 The proposal is point masses (top-K given the context is deterministic), so verification is greedy-exact at
 T=0 and, by recursive rejection sampling, exact in distribution above it. The head's cache is cropped back to
 the committed positions after each proposal. Counters in ``extra``: per step ``tree_nodes``, ``tree_depth``.
+EAGLE-3: the target's features are its low/mid/high layers' (3H), fused to H by the head's fc3 as they arrive
+(``fuse``, in ``observe``); expansion reads the head's own outputs, as EAGLE's does.
 """
 from __future__ import annotations
 
@@ -33,10 +35,12 @@ class HeadTree:
 
     draft = None  # no draft model: the head's forwards are counted in ``extra`` (head_forwards)
 
-    def __init__(self, head, parts: TargetParts, top_k: int, depth: int, max_nodes: int):
+    def __init__(self, head, parts: TargetParts, top_k: int, depth: int, max_nodes: int, fuse=None):
         """head: a head runner (head_runner.py: the head's forwards in the pair's execution mode), or a DraftHead
-        (run eagerly)."""
+        (run eagerly). fuse: (n, F) target features -> (n, H) what the head reads (EAGLE-3's fc3,
+        ``DraftHead.fuse_layers``); None: a DraftHead's own, else the features as they are."""
         self.runner = EagerHeadRunner(head, parts) if isinstance(head, DraftHead) else head
+        self.fuse = fuse or (head.fuse_layers if isinstance(head, DraftHead) else (lambda features: features))
         self.parts = parts
         self.top_k, self.depth, self.max_nodes = top_k, depth, max_nodes
         self.features: torch.Tensor | None = None  # (known, H): the target's features of the committed tokens
@@ -120,7 +124,9 @@ class HeadTree:
     def observe(self, step: Step) -> None:
         if step.features is None:
             raise RuntimeError("HeadTree needs the target's features: verify with a decoding.cached_lm.FeatureLM")
-        self.features = step.features if self.features is None else torch.cat([self.features, step.features])
+        with torch.inference_mode():
+            features = self.fuse(step.features)  # (n, H)
+        self.features = features if self.features is None else torch.cat([self.features, features])
 
     def extra(self) -> dict:
         return {"tree_nodes": self.tree_nodes, "tree_depth": self.tree_depth, "head_forwards": self.head_forwards}

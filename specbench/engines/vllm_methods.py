@@ -71,32 +71,36 @@ def engine_method(method: dict, files: ModelFiles) -> dict:
     return {**config, **(method.get("options") or {})}
 
 
-def published_head(method: dict, name: str, kind: str, other: str, example: str, depth: int) -> dict:
-    """vLLM's ``name`` speculation with a head in its published format (Hugging Face id or its downloaded directory);
-    a head trained here (specbench's format) or a kind vLLM lacks (``other``: what to say) is refused."""
+def published_head(method: dict, kinds: tuple[str, ...], other: str, example: str, depth: int) -> dict:
+    """vLLM's speculation named by the method's kind (one of ``kinds``: vLLM's method names) with a head in its
+    published format (Hugging Face id or its downloaded directory); a head trained here (specbench's format) or a
+    kind vLLM lacks (``other``: what to say) is refused."""
     from pathlib import Path
 
     from ..models.head_artifact import CONFIG_FILE, located
 
-    require(method.get("kind", kind) == kind, "method.kind", other)
+    name = method.get("kind", kinds[0])
+    require(name in kinds, "method.kind", other)
     head = located(method).get("head")
     require(bool(head), "method.head", f"vLLM's {name} needs a draft head made for this target")
     require(not (Path(str(head)).expanduser() / CONFIG_FILE).exists(), "method.head",
-            f"{head} is a head trained here (specbench format); vLLM loads {name} heads in their published format "
-            f"(a Hugging Face id such as {example}). Heads trained here run with engine=hf")
+            f"{head} is a head trained here (specbench format); vLLM loads {name.upper()} heads in their published "
+            f"format (a Hugging Face id such as {example}). Heads trained here run with engine=hf")
     positive_int(method.get("depth", depth), "method.depth")
     return {"method": name, "model": head, "num_speculative_tokens": method.get("depth", depth)}
 
 
 def feature_head(method: dict, files: ModelFiles) -> dict:
-    """method=eagle: vLLM's EAGLE with a published head."""
-    return published_head(method, "eagle", "eagle", "vLLM has no GRIFFIN drafting; method=griffin runs with engine=hf",
-                          "yuhuili/EAGLE-LLaMA3-Instruct-8B", 5)
+    """method=eagle / eagle3: vLLM's EAGLE / EAGLE-3 with a published head."""
+    example = ("yuhuili/EAGLE3-LLaMA3.1-Instruct-8B" if method.get("kind") == "eagle3"
+               else "yuhuili/EAGLE-LLaMA3-Instruct-8B")
+    return published_head(method, ("eagle", "eagle3"), "vLLM has no GRIFFIN drafting; method=griffin runs with "
+                          "engine=hf", example, 5)
 
 
 def medusa_heads(method: dict, files: ModelFiles) -> dict:
     """method=medusa: vLLM's Medusa with published heads (Medusa's format); Hydra's run with engine=hf."""
-    return published_head(method, "medusa", "medusa", "vLLM has no Hydra drafting; method=hydra runs with engine=hf",
+    return published_head(method, ("medusa",), "vLLM has no Hydra drafting; method=hydra runs with engine=hf",
                           "FasterDecoding/medusa-vicuna-7b-v1.3", 4)
 
 

@@ -1,4 +1,5 @@
-"""``method=eagle`` / ``method=griffin``: a feature-level draft head (EAGLE's or GRIFFIN's, models/draft_head.py)
+"""``method=eagle`` / ``griffin`` / ``eagle3``: a feature-level draft head (EAGLE's, GRIFFIN's or EAGLE-3's,
+models/draft_head.py)
 drafting EAGLE-2 dynamic trees (decoding/dynamic_tree.py) that the target verifies on the shared loop.
 
 The target runs as a FeatureLM (its forwards also keep its last hidden states, the features the head reads).
@@ -6,18 +7,22 @@ No draft model: ``model`` may be a pair without one. The head comes from ``metho
 ``python -m specbench.training.heads`` trained (our EAGLE / GRIFFIN heads, under ``method.heads_dir``:
 models/head_names.py), a directory, or a published EAGLE-format head's Hugging Face id; a head made for another
 target (hidden size or vocabulary) is refused when the pair loads, a missing one before.
+
+EAGLE-3 (kind eagle3) reads the inputs of three of the target's decoder layers instead of its last hidden state
+(FeatureLM's ``layers``); eager execution only for now (the static target does not keep them).
 """
 from __future__ import annotations
 
 from pathlib import Path
 
+from ..decoding.cached_lm import FeatureLM
 from ..decoding.dynamic_tree import HeadTree
 from ..decoding.head_runner import EagerHeadRunner, StaticHead, StaticHeadRunner
 from ..decoding.loop import speculative_generate
 from ..errors import require
 from ..models.head_names import head_location
 from ..models.cpu_linear import apply_linear_kernel
-from ..models.draft_head import HeadConfig, TargetParts
+from ..models.draft_head import KINDS, HeadConfig, TargetParts, eagle3_layers
 from ..models.head_artifact import CONFIG_FILE, load_head, looks_like_hub_id, missing
 from ..errors import positive_int
 from .base import NoTimeline, ProposerMethod
@@ -25,7 +30,8 @@ from .base import NoTimeline, ProposerMethod
 
 class FeatureHeadMethod(ProposerMethod):
     """Knobs (EAGLE-2's names): ``top_k`` K (children per expanded node and frontier width), ``depth`` D (head
-    forwards per step), ``max_nodes`` (tree budget: total_token). ``kind``: eagle | griffin, the head it needs."""
+    forwards per step), ``max_nodes`` (tree budget: total_token). ``kind``: eagle | griffin | eagle3, the head it
+    needs."""
 
     backends = ("transformers",)
     backend_reason = "its head reads the target's hidden states and lm_head, which llama.cpp does not expose here"
@@ -34,7 +40,7 @@ class FeatureHeadMethod(ProposerMethod):
                  heads_dir: str | None = None, top_k: int = 8, depth: int = 5, max_nodes: int = 24,
                  local_files_only: bool = True, temperature: float = 0.0, top_p: float = 1.0, seed: int = 0):
         super().__init__(pair, name, temperature, top_p, seed)
-        require(kind in ("eagle", "griffin"), "method.kind", f"must be eagle or griffin, got {kind!r}")
+        require(kind in KINDS, "method.kind", f"must be one of {list(KINDS)}, got {kind!r}")
         self.kind = kind
         self.top_k = positive_int(top_k, "method.top_k", "children per expanded node, K")
         self.depth = positive_int(depth, "method.depth", "tree depth D: head forwards per step")
@@ -47,14 +53,20 @@ class FeatureHeadMethod(ProposerMethod):
         if not looks_like_hub_id(head) and not (Path(head).expanduser() / CONFIG_FILE).is_file():
             raise missing(Path(head).expanduser(), "method.head")
         self.head_source, self.local_files_only = head, local_files_only
+        require(kind != "eagle3" or not pair.execution.static, "model.execution",
+                "method=eagle3 reads three of the target's layers, which the static target does not keep yet: "
+                "use model.execution=eager")
         self.check_blocks()  # here: a ConfigOnlyPair stops the early build at the next line
         target = pair.target  # a ConfigOnlyPair stops the early build here: the rest needs the loaded pair
         self.artifact = load_head(head, kind, local_files_only)
+        if kind == "eagle3" and "published" in self.artifact.provenance:  # its layers are the target's 2, L/2, L-3
+            self.artifact.config.feature_layers = eagle3_layers(target.config.num_hidden_layers)
         HeadConfig.for_target(target.config, kind)  # a target no head can draft for (GPT-2) is named first
         self.artifact.check_target(target.config)
         dtype, kernel = next(target.parameters()).dtype, pair.precision.linear_kernel
         self.head = apply_linear_kernel(self.artifact.build(dtype=dtype, device=pair.device), kernel)
-        self.parts = TargetParts.of(target, self.artifact.draft_ids, dtype, kernel)  # it places draft_ids
+        self.parts = TargetParts.of(target, self.artifact.draft_ids, dtype, kernel,  # it places draft_ids
+                                    lm_head=self.artifact.lm_head)
 
     @property
     def identity(self) -> dict:
@@ -65,7 +77,8 @@ class FeatureHeadMethod(ProposerMethod):
         return {"target": self.max_nodes + 1}
 
     def make_proposer(self, prompt_ids) -> HeadTree:
-        return HeadTree(self.head_runner(), self.parts, self.top_k, self.depth, self.max_nodes)
+        return HeadTree(self.head_runner(), self.parts, self.top_k, self.depth, self.max_nodes,
+                        fuse=self.head.fuse_layers)
 
     def head_runner(self):
         """The head's forwards in the pair's execution mode (decoding/head_runner.py)."""
@@ -76,6 +89,7 @@ class FeatureHeadMethod(ProposerMethod):
         return StaticHeadRunner(static)
 
     def generate(self, prompt_ids, max_new_tokens, eos_ids, timeline=NoTimeline()):
-        target = self.pair.lm("target", features=True)
+        layers = self.artifact.config.feature_layers
+        target = FeatureLM(self.pair.target, layers=layers) if layers else self.pair.lm("target", features=True)
         return speculative_generate(target, self.make_proposer(prompt_ids), prompt_ids, max_new_tokens, eos_ids,
                                     self.sampler, timeline)

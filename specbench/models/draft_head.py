@@ -7,6 +7,13 @@ logits lm_head(F̂_{t+1}) rank x_{t+2}. The target's embeddings and lm_head are 
 
 - EAGLE: ``fc([e(x_{t+1}); F_t])`` (2H -> H), one Llama/Qwen decoder layer without its input norm; its output is
   both the next feature and the input to lm_head.
+- EAGLE-3 (Li et al. 2025): as EAGLE's, but the feature the first step reads is the fusion of the target's low,
+  middle and high layers, g_t = fc3([l_t; m_t; h_t]) (3H -> H, ``fuse_layers``; ``feature_layers`` says which
+  layers: the inputs of decoder layers 2, L/2 and L-3, as EAGLE-3's code), and its output only feeds lm_head
+  over the draft vocabulary (no feature regression: it is trained on tokens alone, models/eagle3.py); later
+  steps read the head's own output in place of g. Published EAGLE-3 heads have another layer input
+  (``fusion: norm_concat``: attention reads [norm(e); norm(g)], 2H, its residual is g) and their own final norm
+  and lm_head over the draft vocabulary (``final_norm``; the lm_head rows go to TargetParts): loaded, not trained.
 - GRIFFIN: token-guided fusion (TGF) instead of ``fc``: u = fc([e; F]); h = u + down(silu(up([norm(u); norm(e)])))
   (up 2H -> 3H, down 3H -> H; N an RMSNorm); and a dual head (TEH): the layer's MLP projects to 2H, split into the
   *predict* feature (-> lm_head) and the *regress* feature (-> the next step's input F̂): with the layer's
@@ -25,12 +32,12 @@ from torch.nn import functional as F
 
 from ..errors import ConfigError
 
-KINDS = ("eagle", "griffin")
+KINDS = ("eagle", "griffin", "eagle3")
 
 
 @dataclass
 class HeadConfig:
-    kind: str                      # eagle | griffin
+    kind: str                      # eagle | griffin | eagle3
     hidden_size: int               # H: the target's
     intermediate_size: int         # the decoder layer's MLP width
     num_heads: int
@@ -47,16 +54,21 @@ class HeadConfig:
     tgf_width: int = 0             # GRIFFIN's TGF expansion width (0: 3H, the paper's)
     tgf_second: str = "token"      # what TGF's secondary fusion reads beside norm(u): token | feature | fused
     target: dict = field(default_factory=dict)  # what it was made for: model name, type
+    feature_layers: list = field(default_factory=list)  # eagle3: the decoder layers whose inputs it fuses
+    final_norm: bool = False       # an RMSNorm before lm_head (published EAGLE-3 heads)
 
     def __post_init__(self):
         if self.kind not in KINDS:
             raise ValueError(f"head kind {self.kind!r}; valid: {list(KINDS)}")
         if self.tgf_second not in ("token", "feature", "fused"):
             raise ValueError(f"tgf_second {self.tgf_second!r}; valid: token, feature, fused (GRIFFIN Table 5)")
-        if self.fusion not in ("", "fc", "tgf"):
-            raise ValueError(f"fusion {self.fusion!r}; valid: fc, tgf")
+        if self.fusion not in ("", "fc", "tgf", "norm_concat"):
+            raise ValueError(f"fusion {self.fusion!r}; valid: fc, tgf, norm_concat")
         self.fusion = self.fusion or ("tgf" if self.kind == "griffin" else "fc")
         self.dual = (self.kind == "griffin") if self.dual is None else bool(self.dual)
+        self.feature_layers = [int(i) for i in self.feature_layers]
+        if self.kind == "eagle3" and len(self.feature_layers) != 3:
+            raise ValueError(f"an eagle3 head fuses three layers (low, mid, high), got {self.feature_layers}")
 
     @classmethod
     def for_target(cls, model_config, kind: str, intermediate_size: int | None = None, draft_vocab_size: int = 0,
@@ -67,6 +79,8 @@ class HeadConfig:
             raise ConfigError(f"model: feature-level draft heads draft for Llama-family targets (Llama, Qwen2, "
                               f"Mistral: RMSNorm, rotary attention, gated MLP); this target is {c.model_type!r}")
         heads = c.num_attention_heads
+        if kind == "eagle3" and not overrides.get("feature_layers"):
+            overrides["feature_layers"] = eagle3_layers(c.num_hidden_layers)
         rope = getattr(c, "rope_parameters", None) or {}
         theta = rope.get("rope_theta", getattr(c, "rope_theta", 10000.0))
         return cls(kind=kind, hidden_size=c.hidden_size,
@@ -87,7 +101,16 @@ class HeadConfig:
         for key in ("hidden_size", "vocab_size"):  # the head's attention is its own (its own cache)
             if getattr(self, key) != getattr(want, key):
                 return f"{key} {getattr(self, key)} but the target's is {getattr(want, key)}"
+        layers = getattr(model_config, "num_hidden_layers", 0)
+        if self.feature_layers and max(self.feature_layers) >= layers:
+            return f"feature_layers {self.feature_layers} but the target has {layers} decoder layers"
         return None
+
+
+def eagle3_layers(layers: int) -> list[int]:
+    """EAGLE-3's low / mid / high features: the inputs of decoder layers 2, L // 2 and L - 3 (clamped into
+    0..L-1 for the tiny targets of the tests)."""
+    return [min(2, layers - 1), layers // 2, max(layers - 3, 0)]
 
 
 class RMSNorm(nn.Module):
@@ -137,14 +160,14 @@ class HeadCache:
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: HeadConfig):
+    def __init__(self, cfg: HeadConfig, inputs: int | None = None):
         super().__init__()
         self.cfg = cfg
-        h, d = cfg.hidden_size, cfg.head_dim
+        h, d = inputs or cfg.hidden_size, cfg.head_dim
         self.q_proj = nn.Linear(h, cfg.num_heads * d, bias=cfg.attention_bias)
         self.k_proj = nn.Linear(h, cfg.num_kv_heads * d, bias=cfg.attention_bias)
         self.v_proj = nn.Linear(h, cfg.num_kv_heads * d, bias=cfg.attention_bias)
-        self.o_proj = nn.Linear(cfg.num_heads * d, h, bias=False)
+        self.o_proj = nn.Linear(cfg.num_heads * d, cfg.hidden_size, bias=False)
 
     def forward(self, x, positions, mask, cache: HeadCache | None, streams: list | None = None):
         """x (b, n, H); positions (b, n); mask additive (b or 1, 1, n, past + n) or None (causal, no cache).
@@ -176,7 +199,7 @@ class Attention(nn.Module):
         else:
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask if mask.dtype == torch.bool
                                                  else mask.to(q.dtype))
-        return self.o_proj(out.transpose(1, 2).reshape(b, n, c.num_heads * c.head_dim))
+        return self.o_proj(out.transpose(1, 2).reshape(b, n, c.num_heads * c.head_dim))  # (b, n, H)
 
 
 def stream_mask(n: int, passes: int, device=None) -> torch.Tensor:
@@ -232,7 +255,19 @@ class ConcatFusion(nn.Module):
         return self.fc(torch.cat([embeds, features], -1))
 
 
-FUSIONS = {"fc": ConcatFusion, "tgf": TokenGuidedFusion}
+class NormConcat(nn.Module):
+    """Published EAGLE-3 heads' layer input: [norm(e); norm(g)] (2H), read by a 2H -> heads attention."""
+
+    def __init__(self, cfg: HeadConfig):
+        super().__init__()
+        self.embed_norm = RMSNorm(cfg.hidden_size, cfg.rms_eps)
+        self.hidden_norm = RMSNorm(cfg.hidden_size, cfg.rms_eps)
+
+    def forward(self, embeds, features):
+        return torch.cat([self.embed_norm(embeds), self.hidden_norm(features)], -1)
+
+
+FUSIONS = {"fc": ConcatFusion, "tgf": TokenGuidedFusion, "norm_concat": NormConcat}
 
 
 class DraftHead(nn.Module):
@@ -244,17 +279,30 @@ class DraftHead(nn.Module):
         self.cfg = cfg
         h = cfg.hidden_size
         self.fusion = FUSIONS[cfg.fusion](cfg)
-        self.self_attn = Attention(cfg)
+        self.self_attn = Attention(cfg, 2 * h if cfg.fusion == "norm_concat" else h)
         self.post_attention_layernorm = RMSNorm(h, cfg.rms_eps)
         self.mlp = GatedMLP(h, cfg.intermediate_size, 2 * h if cfg.dual else h)
+        if cfg.kind == "eagle3":  # fc3: the target's low/mid/high features (3H) -> g (H)
+            self.layer_fc = nn.Linear(3 * h, h, bias=False)
+        if cfg.final_norm:
+            self.norm = RMSNorm(h, cfg.rms_eps)
+
+    def fuse_layers(self, states: torch.Tensor) -> torch.Tensor:
+        """EAGLE-3: (…, 3H) [low; mid; high] target states -> (…, H) g, the feature the head reads; other kinds
+        read the target's last hidden state as it is."""
+        if self.cfg.kind != "eagle3":
+            return states
+        dtype = getattr(self.layer_fc, "dtype", None) or self.layer_fc.weight.dtype  # a PackedLinear has no weight
+        return self.layer_fc(states.to(dtype))
 
     def forward(self, embeds, features, positions, mask=None, cache: HeadCache | None = None, streams=None):
         x = self.fusion(embeds, features)
-        x = x + self.self_attn(x, positions, mask, cache, streams)  # EAGLE's single layer has no input norm
+        residual = features if self.cfg.fusion == "norm_concat" else x  # EAGLE-3's: g; EAGLE's: the fused input
+        x = residual + self.self_attn(x, positions, mask, cache, streams)  # EAGLE's layer has no input norm
         out = self.mlp(self.post_attention_layernorm(x))
         if not self.cfg.dual:
             x = x + out
-            return x, x
+            return (self.norm(x) if self.cfg.final_norm else x), x
         h = self.cfg.hidden_size
         return x + out[..., :h], x + out[..., h:]
 
@@ -293,6 +341,9 @@ class DraftHead(nn.Module):
                 if mine.bias is not None and getattr(theirs, "bias", None) is not None:
                     mine.bias.copy_(theirs.bias.float())
             self.post_attention_layernorm.weight.copy_(layer.post_attention_layernorm.weight.float())
+            if self.cfg.kind == "eagle3":  # fc3 starts as the high layer's input alone
+                self.layer_fc.weight.zero_()
+                self.layer_fc.weight[:, 2 * h:] = torch.eye(h)
             fc = self.fusion.fc
             fc.weight.zero_()
             fc.weight[:, h:] = torch.eye(h)
@@ -323,12 +374,16 @@ class TargetParts:
 
     @classmethod
     def of(cls, target: nn.Module, draft_ids: torch.Tensor | None, dtype: torch.dtype | None = None,
-           linear_kernel: str = "torch"):
+           linear_kernel: str = "torch", lm_head: torch.Tensor | None = None):
+        """lm_head: the head's own (V_d, H) rows (a published EAGLE-3 head's) instead of the target's."""
         embed = target.get_input_embeddings().weight.detach()
-        head = linear_weight(target.get_output_embeddings())
+        head = linear_weight(target.get_output_embeddings()) if lm_head is None else lm_head.to(embed.device)
         if dtype is not None:
             embed, head = embed.to(dtype), head.to(dtype)
-        return cls(embed, head, draft_ids, linear_kernel)
+        parts = cls(embed, head, draft_ids if lm_head is None else None, linear_kernel)
+        if lm_head is not None and draft_ids is not None:
+            parts.draft_ids = draft_ids.to(embed.device)  # its rows already are the draft vocabulary's
+        return parts
 
     @property
     def device(self) -> torch.device:

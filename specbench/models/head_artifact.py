@@ -99,6 +99,7 @@ class HeadArtifact(TrainedHead):
     """An EAGLE / GRIFFIN head; ``draft_ids``: its reduced vocabulary's target ids, or None (the target's)."""
 
     draft_ids: torch.Tensor | None = None
+    lm_head: torch.Tensor | None = None  # a published EAGLE-3 head's own (V_d, H) lm_head
 
 
 def missing(directory: Path, key: str) -> ConfigError:
@@ -187,6 +188,8 @@ def load_published(repo_id: str, kind: str, local_files_only: bool, key: str) ->
                           "or pass a local directory") from None
     config = AutoConfig.from_pretrained(directory)  # the head's own (its attention may differ from the target's)
     state = read_state(directory)
+    if kind == "eagle3":
+        return published_eagle3(repo_id, directory, config, state, key)
     fc = "fc.fc" if kind == "griffin" else "fc"
     options = {"fc_bias": f"{fc}.bias" in state}
     if kind == "griffin" and "fc.mlp.up_proj.weight" in state:
@@ -194,6 +197,22 @@ def load_published(repo_id: str, kind: str, local_files_only: bool, key: str) ->
     head_config = HeadConfig.for_target(config, kind, **options)
     return HeadArtifact(head_config, published_state(state, kind), weights_digest(directory), repo_id,
                         {"published": repo_id})
+
+
+def published_eagle3(repo_id: str, directory: Path, config, state: dict, key: str) -> HeadArtifact:
+    """A released EAGLE-3 head: fc (3H -> H), midlayer.* (its layer reads [norm(e); norm(g)]), norm, lm_head over
+    the draft vocabulary and d2t (draft index -> target id offset: id = i + d2t[i]). Its feature layers are the
+    target's 2, L/2, L-3, set when the target is known (FeatureHeadMethod)."""
+    for name in ("fc.weight", "lm_head.weight", "d2t"):
+        if name not in state:
+            raise ConfigError(f"{key}: {repo_id} has no {name}; it is not a released EAGLE-3 head "
+                              f"(keys: {sorted(state)[:8]} ...)")
+    lm_head, d2t = state.pop("lm_head.weight"), state.pop("d2t").long()
+    draft_ids = torch.arange(len(d2t)) + d2t
+    head_config = HeadConfig.for_target(config, "eagle3", fusion="norm_concat", final_norm=True,
+                                        draft_vocab_size=len(d2t))
+    return HeadArtifact(head_config, published_state(state, "eagle3"), weights_digest(directory), repo_id,
+                        {"published": repo_id}, draft_ids=draft_ids, lm_head=lm_head)
 
 
 def read_state(directory: Path) -> dict:
@@ -225,6 +244,9 @@ def weights_digest(directory: Path, patterns=("*.safetensors", "*.bin")) -> str:
 # = the shared N, fc.mlp.up/down_proj). Copies of embed_tokens / lm_head are dropped: the target's own are used.
 PUBLISHED_NAMES = {
     "eagle": {"fc.": "fusion.fc.", "layers.0.": ""},
+    # EAGLE-3 (its t2d and any embed_tokens copy dropped; lm_head and d2t are read by published_eagle3)
+    "eagle3": {"fc.": "layer_fc.", "midlayer.input_layernorm.": "fusion.embed_norm.",
+               "midlayer.hidden_norm.": "fusion.hidden_norm.", "midlayer.": "", "norm.": "norm."},
     "griffin": {"fc.fc.": "fusion.fc.", "fc.post_attention_layernorm.": "fusion.fused_norm.",
                 "fc.mlp.input_layernorm.": "fusion.shared_norm.", "fc.mlp.up_proj.": "fusion.up_proj.",
                 "fc.mlp.down_proj.": "fusion.down_proj.", "layers.0.": ""},
@@ -238,7 +260,7 @@ def published_state(state: dict, kind: str) -> dict:
             if name.startswith(old):
                 out[new + name[len(old):]] = tensor
                 break
-    if "fusion.fc.weight" not in out:
+    if kind != "eagle3" and "fusion.fc.weight" not in out:
         raise ConfigError(f"method.head: the checkpoint has no {'fc.fc' if kind == 'griffin' else 'fc'}.weight; it is "
                           f"not a released {kind} head (keys: {sorted(state)[:8]} ...)")
     return out

@@ -38,6 +38,7 @@ from ...models.head_artifact import CONFIG_FILE, WEIGHTS_FILE, load_local, save_
 from ...models.medusa_heads import KINDS as MEDUSA_KINDS
 from ...models.medusa_heads import MedusaConfig, MedusaHeads, load_medusa, save_medusa
 from .extract import extract, load_sequences
+from .eagle3 import chain_accuracy, train_eagle3_stage
 from .medusa import evaluate_medusa, train_medusa_stage
 from .sharegpt import package_file, training_conversations
 from .train import (StageRun, TrainSettings, check_predecessor, draft_vocabulary, evaluate, flushed_denormals,
@@ -220,8 +221,14 @@ class HeadPipeline:
             check_predecessor(self.head_dir, index)
             head = self._start_head(config, index).to(parts.device)  # trained where the target runs
             began = time.perf_counter()
-            run = StageRun(head, parts, self.settings, self.settings.stages[index - 1], index, stage_dir, log)
-            rows = run.run(train_set, t2d)
+            if config.kind == "eagle3":  # training-time test, features from the target at train time
+                stage, s = self.settings.stages[index - 1], self.settings
+                rows = train_eagle3_stage(head, parts, target, train_set, t2d, stage.passes, stage.epochs, stage.lr,
+                                          max(1, s.batch_tokens // s.max_length), s.max_length, s.warmup_steps,
+                                          s.clip_value, s.betas, s.seed, log)
+            else:
+                run = StageRun(head, parts, self.settings, self.settings.stages[index - 1], index, stage_dir, log)
+                rows = run.run(train_set, t2d)
             history[str(index)] = rows
             write_json(self.head_dir / "history.json", history)
             save_head(stage_dir, head, draft_ids, self._provenance(index, sequences, train_set, rows,
@@ -317,6 +324,15 @@ class HeadPipeline:
         _, held_out = split(sequences, self.head_cfg.get("holdout", 0.05), self.settings.seed)
         parts = TargetParts.of(self.pair.target, artifact.draft_ids, torch.float32)
         t2d = target_to_draft(artifact.draft_ids, artifact.config.vocab_size)
+        if artifact.config.kind == "eagle3":
+            steps = max(stage.passes for stage in self.settings.stages)
+            top1 = chain_accuracy(artifact.build(torch.float32, parts.device), parts, self.pair.target, held_out, t2d,
+                                  steps, self.settings.max_length)
+            write_json(self.head_dir / "evaluation.json", {"head": str(self.head_dir), "sha256": artifact.sha256,
+                                                           "top1_by_unrolled_step": top1})
+            log(f"[heads] evaluation ({len(held_out)} held-out sequences): top-1 by unrolled step "
+                + ", ".join(f"{x:.2f}" for x in top1))
+            return
         result = evaluate(artifact.build(torch.float32, parts.device), parts, held_out, self.settings, t2d)
         coverage = answer_coverage(held_out, artifact.draft_ids)  # unseen answers: training ones are all in it
         result.update({"head": str(self.head_dir), "sha256": artifact.sha256, "draft_vocab_coverage": coverage})
@@ -342,7 +358,8 @@ class HeadPipeline:
 MEDUSA_OPTIONS = ("heads", "layers", "own_lm_head")
 
 # HeadConfig fields a head config may set
-HEAD_OPTIONS = ("intermediate_size", "draft_vocab_size", "fusion", "dual", "tgf_width", "tgf_second", "fc_bias")
+HEAD_OPTIONS = ("intermediate_size", "draft_vocab_size", "fusion", "dual", "tgf_width", "tgf_second", "fc_bias",
+                "feature_layers")
 
 
 # train settings that say how a run goes, not what it trains: left out of a head's identity
