@@ -23,16 +23,10 @@ from specbench.models.medusa_heads import MedusaConfig, MedusaHeads, load_medusa
 from specbench.models.tiny import build_tiny_pair
 
 from .conftest import TEST_DEVICE
+from .test_feature_heads import tiny_pair
 from .distribution_helpers import (EOS, MAX_NEW, exact_sequence_distribution, goodness_of_fit, sample_generations,
                                    small_vocab_pair)
 
-PAIRS = {}
-
-
-def tiny_pair(seed: int = 0):
-    if seed not in PAIRS:
-        PAIRS[seed] = build_tiny_pair(name="tiny-llama", seed=seed, device=TEST_DEVICE)
-    return PAIRS[seed]
 
 
 def random_heads(pair, kind: str, directory, heads: int = 4, seed: int = 1, std: float = 0.1, **options) -> str:

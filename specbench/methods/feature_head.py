@@ -13,17 +13,15 @@ EAGLE-3 (kind eagle3) reads the inputs of three of the target's decoder layers i
 """
 from __future__ import annotations
 
-from pathlib import Path
 
 from ..decoding.cached_lm import FeatureLM
 from ..decoding.dynamic_tree import HeadTree
 from ..decoding.head_runner import EagerHeadRunner, StaticHead, StaticHeadRunner
 from ..decoding.loop import speculative_generate
 from ..errors import require
-from ..models.head_names import head_location
 from ..models.cpu_linear import apply_linear_kernel
 from ..models.draft_head import KINDS, HeadConfig, TargetParts, eagle3_layers
-from ..models.head_artifact import CONFIG_FILE, load_head, looks_like_hub_id, missing
+from ..models.head_artifact import head_source, load_head
 from ..errors import positive_int
 from .base import NoTimeline, ProposerMethod
 
@@ -45,13 +43,9 @@ class FeatureHeadMethod(ProposerMethod):
         self.top_k = positive_int(top_k, "method.top_k", "children per expanded node, K")
         self.depth = positive_int(depth, "method.depth", "tree depth D: head forwards per step")
         self.max_nodes = positive_int(max_nodes, "method.max_nodes", "most tree nodes per step")
-        require(isinstance(head, str) and head.strip() != "", "method.head",
-                f"needs the {kind} head to draft with: the name of a head "
-                f"`python -m specbench.training.heads head=<name>` trained (make heads: {kind}), a directory, or a "
-                "published head's Hugging Face id")
-        head = head_location(head, heads_dir)
-        if not looks_like_hub_id(head) and not (Path(head).expanduser() / CONFIG_FILE).is_file():
-            raise missing(Path(head).expanduser(), "method.head")
+        head = head_source(head, heads_dir, f"needs the {kind} head to draft with: the name of a head "
+                           f"`python -m specbench.training.heads head=<name>` trained (make heads: {kind}), a "
+                           "directory, or a published head's Hugging Face id")
         self.head_source, self.local_files_only = head, local_files_only
         require(kind != "eagle3" or not pair.execution.static, "model.execution",
                 "method=eagle3 reads three of the target's layers, which the static target does not keep yet: "

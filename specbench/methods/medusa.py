@@ -24,7 +24,6 @@ The first step proposes nothing (the prefill gives x0 and h_t). Counters in ``ex
 """
 from __future__ import annotations
 
-from pathlib import Path
 
 import torch
 
@@ -32,8 +31,7 @@ from ..decoding.loop import speculative_generate
 from ..decoding.proposal import Proposal, Step, StepContext
 from ..errors import ConfigError, positive_int, require
 from ..models.draft_head import TargetParts
-from ..models.head_artifact import CONFIG_FILE, looks_like_hub_id, missing
-from ..models.head_names import head_location
+from ..models.head_artifact import head_source
 from ..models.medusa_heads import KINDS, MedusaHeads, load_medusa
 from .base import NoTimeline, ProposerMethod
 
@@ -133,12 +131,9 @@ class MedusaMethod(ProposerMethod):
         self.top_k = positive_int(top_k, "method.top_k", "children per expanded node, K")
         self.depth = positive_int(depth, "method.depth", "heads used per step: the tree's depth D")
         self.max_nodes = positive_int(max_nodes, "method.max_nodes", "most tree nodes per step")
-        require(isinstance(head, str) and head.strip() != "", "method.head",
-                f"needs the {kind} heads to draft with: the name of a head `python -m specbench.training.heads "
-                f"head={kind}` trained, a directory, or a published Medusa head's Hugging Face id")
-        head = head_location(head, heads_dir)
-        if not looks_like_hub_id(head) and not (Path(head).expanduser() / CONFIG_FILE).is_file():
-            raise missing(Path(head).expanduser(), "method.head")
+        head = head_source(head, heads_dir, f"needs the {kind} heads to draft with: the name of a head `python -m "
+                           f"specbench.training.heads head={kind}` trained, a directory, or a published Medusa head's "
+                           "Hugging Face id")
         self.head_source, self.local_files_only = head, local_files_only
         self.check_blocks()
         target = pair.target  # a ConfigOnlyPair stops the early build here: the rest needs the loaded pair

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from ..errors import ConfigError
+from ..errors import ConfigError, require
 from .draft_head import KINDS, DraftHead, HeadConfig
 from .files import sha256_of as sha256_file
 from .head_names import head_location
@@ -264,3 +264,14 @@ def published_state(state: dict, kind: str) -> dict:
         raise ConfigError(f"method.head: the checkpoint has no {'fc.fc' if kind == 'griffin' else 'fc'}.weight; it is "
                           f"not a released {kind} head (keys: {sorted(state)[:8]} ...)")
     return out
+
+
+def head_source(head: str | None, heads_dir: str | None, needs: str) -> str:
+    """Where a head method's ``method.head`` points: a head trained here by its name (runs/heads/<pair>/<name>), a
+    directory, or a Hugging Face id. ConfigError naming method.head when none is given (``needs``: what to give)
+    or a local one is missing, before any model loads."""
+    require(isinstance(head, str) and head.strip() != "", "method.head", needs)
+    head = head_location(head, heads_dir)
+    if not looks_like_hub_id(head) and not (Path(head).expanduser() / CONFIG_FILE).is_file():
+        raise missing(Path(head).expanduser(), "method.head")
+    return head
