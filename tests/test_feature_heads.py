@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from specbench.decoding.cached_lm import CachedLM, FeatureLM
 from specbench.decoding.dynamic_tree import HeadTree
 from specbench.decoding.proposal import StepContext
+from specbench.decoding.rank_tree import parse_tree
 from specbench.decoding.sampling import Sampler
 from specbench.errors import ConfigError
 from specbench.methods.feature_head import FeatureHeadMethod
@@ -95,11 +96,11 @@ def test_target_features_are_the_final_norm_hidden_states_and_logits_are_lm_head
 
 # -- the dynamic tree ------------------------------------------------------------------------------------------------
 
-def proposer(pair, directory, kind="eagle", top_k=3, depth=3, max_nodes=8, **options):
+def proposer(pair, directory, kind="eagle", top_k=3, depth=3, max_nodes=8, template=None, **options):
     from specbench.models.head_artifact import load_local
     artifact = load_local(random_head(pair, kind, directory, **options))
     parts = TargetParts.of(pair.target, artifact.draft_ids)
-    return HeadTree(artifact.build(device=pair.device), parts, top_k, depth, max_nodes)
+    return HeadTree(artifact.build(device=pair.device), parts, top_k, depth, max_nodes, template=template)
 
 
 def test_the_first_step_is_the_prefill_and_trees_are_tries_within_budget(tmp_path):
@@ -132,6 +133,47 @@ def test_rerank_keeps_the_best_paths_by_cumulative_log_probability(tmp_path):
     assert {tuple(cut.tokens[n] for n in path_nodes(cut, i)) for i in range(5)} <= paths
 
 
+def test_eagle1s_static_tree_takes_the_ranks_its_paths_name(tmp_path):
+    """EAGLE-1: node p + [r] is the r-th token of the head's distribution after p, the same tokens EAGLE-2's tree
+    finds there (the root's top-2; the top-1 chain), with the template's parents."""
+    pair = tiny_pair()
+    lm = FeatureLM(pair.target)
+    lm.forward([5, 6, 7])
+    context = StepContext([5, 6, 7], 0, 30, set(), Sampler())
+    trees = {name: proposer(pair, tmp_path / name, seed=1, **settings) for name, settings in {
+        "static": {"template": [[0], [1], [0, 0], [0, 0, 0], [1, 0]]},
+        "top2": {"top_k": 2, "depth": 1, "max_nodes": 2}, "chain": {"top_k": 1, "depth": 3, "max_nodes": 3},
+        "second": {"top_k": 2, "depth": 2, "max_nodes": 1000}}.items()}
+    for tree in trees.values():
+        tree.features = lm.features_at(range(2))
+    static, top2, chain, second = (trees[name].propose(context) for name in ("static", "top2", "chain", "second"))
+    assert static.parents == [-1, -1, 0, 1, 2]  # BFS: depth 1, then [0, 0] and [1, 0], then [0, 0, 0]
+    assert static.tokens[:2] == top2.tokens and [static.tokens[i] for i in (0, 2, 4)] == chain.tokens
+    under_second = [second.tokens[c] for c, parent in enumerate(second.parents) if parent == 1]
+    assert static.tokens[3] == under_second[0]  # [1, 0]: the best token after the root's 2nd
+    assert trees["static"].runner.length == 2 and trees["static"].head_forwards == 3  # catch-up + depths 1, 2
+    trees["static"].runner.crop(0)  # read the same committed tokens again
+    shallow = trees["static"].propose(StepContext([5, 6, 7], 0, 2, set(), Sampler()))  # room for depth 2 only
+    assert shallow.tokens == static.tokens[:4] and shallow.depth == 2
+
+
+def test_eagle1_leaves_out_what_hangs_under_an_eos(tmp_path):
+    pair = tiny_pair()
+    lm = FeatureLM(pair.target)
+    lm.forward([5, 6, 7])
+    tree = proposer(pair, tmp_path, template=[[0], [1], [0, 0], [1, 0]])
+    tree.features = lm.features_at(range(2))
+    first = tree.propose(StepContext([5, 6, 7], 0, 30, set(), Sampler()))
+    tree.runner.crop(0)  # read the same committed tokens again
+    cut = tree.propose(StepContext([5, 6, 7], 0, 30, {first.tokens[0]}, Sampler()))
+    assert cut.tokens == [first.tokens[0], first.tokens[1], first.tokens[3]] and cut.parents == [-1, -1, 1]
+
+
+def test_a_bad_eagle1_tree_is_refused_before_the_head_loads(tmp_path):
+    with pytest.raises(ConfigError, match="method.tree.*no parent path"):
+        FeatureHeadMethod(tiny_pair(), "eagle1", head=str(tmp_path / "absent"), tree=[[0], [1, 0]])
+
+
 def path_nodes(proposal, node):
     out = []
     while node >= 0:
@@ -148,6 +190,7 @@ cases = st.fixed_dictionaries({
     "top_k": st.integers(1, 4), "depth": st.integers(1, 5), "max_nodes": st.integers(1, 20),
     "max_new_tokens": st.integers(1, 30), "eos_pick": st.one_of(st.none(), st.integers(0, 29)),
     "reduced": st.booleans(),
+    "tree": st.one_of(st.none(), st.sampled_from([[[0], [1], [0, 0], [0, 1], [0, 0, 0]], [2, 2, 1], [1, 1, 1, 1]])),
 })
 
 
@@ -163,12 +206,13 @@ def test_feature_heads_equal_greedy(case, tmp_path_factory):
     draft_ids = torch.arange(3, 200, 2) if case["reduced"] else None
     random_head(pair, case["kind"], directory, seed=case["seed"], std=case["std"], draft_ids=draft_ids)
     method = FeatureHeadMethod(pair, case["kind"], kind=case["kind"], head=str(directory), top_k=case["top_k"],
-                               depth=case["depth"], max_nodes=case["max_nodes"])
+                               depth=case["depth"], max_nodes=case["max_nodes"], tree=case["tree"])
     gen = method.generate(case["prompt"], case["max_new_tokens"], eos)
     assert gen.tokens == ref.tokens
     assert sum(gen.accept_lengths) == len(gen.tokens) and gen.accepted == sum(gen.accepted_steps)
     assert gen.target_forwards == len(gen.accept_lengths)
-    assert all(n <= case["max_nodes"] for n in gen.extra["tree_nodes"])
+    budget = case["max_nodes"] if case["tree"] is None else len(parse_tree(case["tree"]))  # EAGLE-1: its tree
+    assert all(n <= budget for n in gen.extra["tree_nodes"])
     assert gen.drafted == sum(gen.extra["tree_nodes"])
 
 
@@ -194,12 +238,13 @@ def test_a_head_matching_the_target_is_accepted_deep(tmp_path):
     assert gen.accept_lengths[0] == 1 and all(n == 2 for n in gen.accept_lengths[1:-1])
 
 
-@pytest.mark.parametrize("kind, temperature, top_p", [("eagle", 1.0, 1.0), ("griffin", 0.9, 0.95)])
-def test_sampled_generations_are_distributed_as_the_targets(tmp_path, kind, temperature, top_p):
+@pytest.mark.parametrize("kind, temperature, top_p, tree", [("eagle", 1.0, 1.0, None), ("griffin", 0.9, 0.95, None),
+                                                            ("eagle", 1.0, 1.0, [[0], [1], [0, 0]])])  # EAGLE-1
+def test_sampled_generations_are_distributed_as_the_targets(tmp_path, kind, temperature, top_p, tree):
     pair = small_vocab_pair()
     random_head(pair, kind, tmp_path, std=0.3)
     method = FeatureHeadMethod(pair, kind, kind=kind, head=str(tmp_path), top_k=2, depth=2, max_nodes=4,
-                               temperature=temperature, top_p=top_p)
+                               temperature=temperature, top_p=top_p, tree=tree)
     prompt = [1, 2, 4]
     counts, gens = sample_generations(method, prompt, MAX_NEW, {EOS}, 2000)
     assert sum(g.drafted for g in gens) > 1000 and sum(g.accepted for g in gens) > 100

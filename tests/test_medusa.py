@@ -19,7 +19,8 @@ from specbench.methods.greedy import Greedy
 from specbench.methods.medusa import MedusaMethod, MedusaTree
 from specbench.models.draft_head import DraftHead, HeadConfig
 from specbench.models.head_artifact import save_head
-from specbench.models.medusa_heads import MedusaConfig, MedusaHeads, load_medusa, published_medusa, save_medusa
+from specbench.models.medusa_heads import (MedusaConfig, MedusaHeads, load_medusa, published_hydra, published_medusa,
+                                           save_medusa)
 from specbench.models.tiny import build_tiny_pair
 
 from .conftest import TEST_DEVICE
@@ -63,8 +64,9 @@ def hand_heads(kind: str, lm_rows: list[list[float]], hydra_shift: float = 0.0) 
             heads.lm_heads[k].weight.copy_(torch.eye(vocab) * 0)
             heads.lm_heads[k].weight[:, 0] = torch.tensor(row)  # logits = row · h[0]
             heads.lm_heads[k].weight[:, 1:] = torch.eye(vocab)[:, 1:]  # + u[j] for j >= 1
-            if kind == "hydra":  # u += shift · e(last path token)
-                heads.inputs[k].weight[:, (k + 1) * hidden:] = hydra_shift * torch.eye(hidden)
+            if kind == "hydra":  # u = h + shift · e(last path token)
+                heads.grounded[k].res_connection.weight[:, :hidden] = torch.eye(hidden)
+                heads.grounded[k].res_connection.weight[:, (k + 1) * hidden:] = hydra_shift * torch.eye(hidden)
     return heads
 
 
@@ -259,18 +261,67 @@ def test_a_published_medusa_head_loads_into_our_heads_and_drafts(tmp_path, suffi
     assert method.identity["source"] == "someone/medusa-tiny" and method.heads.cfg.own_lm_head
 
 
+def write_published_hydra(directory, heads: MedusaHeads, arch: str = "mlp", grounded: bool = True) -> None:
+    """Hydra's release layout (zankner/Hydra): config.json (hydra_num_heads, hydra_num_layers, hydra_head_arch,
+    grounded_heads) and hydra_lm_head.pt holding HydraMLP's state: ``hydra_mlp.{k}.0.{linear,res_connection}.*``
+    (the grounded block), ``hydra_mlp.{k}.{j}.linear.*`` (j >= 1), ``hydra_lm_head.{k}.{weight,bias}``, and the
+    target's embeddings under ``input_embed_fn`` (HydraMLP keeps them as a submodule)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    state = {"input_embed_fn.weight": torch.zeros(3, heads.cfg.hidden_size)}
+    for k in range(heads.cfg.heads):
+        for part in ("weight", "bias"):
+            state[f"hydra_mlp.{k}.0.linear.{part}"] = getattr(heads.grounded[k].linear, part).detach().clone()
+            state[f"hydra_mlp.{k}.0.res_connection.{part}"] = getattr(heads.grounded[k].res_connection, part).detach()
+            for j in range(1, heads.cfg.layers):
+                state[f"hydra_mlp.{k}.{j}.linear.{part}"] = getattr(heads.blocks[k][j - 1].linear, part).detach()
+            state[f"hydra_lm_head.{k}.{part}"] = getattr(heads.lm_heads[k], part).detach().clone()
+    torch.save(state, directory / "hydra_lm_head.pt")
+    (directory / "config.json").write_text(json.dumps({
+        "hydra_num_heads": heads.cfg.heads, "hydra_num_layers": heads.cfg.layers, "hydra_head_arch": arch,
+        "grounded_heads": grounded, "hidden_state_offset": 0, "base_model_name_or_path": "tiny-llama"}))
+
+
+def test_a_published_hydra_head_loads_into_our_heads_and_drafts(tmp_path):
+    pair = tiny_pair()
+    config = MedusaConfig.for_target(pair.target.config, "hydra", heads=3, layers=2, own_lm_head=True,
+                                     lm_head_bias=True)
+    heads = MedusaHeads(config).init_weights(seed=4, std=0.1)
+    write_published_hydra(tmp_path / "hydra-tiny", heads)
+    artifact = published_hydra(tmp_path / "hydra-tiny", "someone/hydra-tiny")
+    assert (artifact.config.heads, artifact.config.layers, artifact.config.lm_head_bias) == (3, 2, True)
+    built = artifact.build()
+    for name, value in heads.state_dict().items():
+        assert torch.equal(built.state_dict()[name], value), name
+    method = MedusaMethod(pair, "hydra", kind="hydra", head="someone/hydra-tiny", depth=3)  # the hub cache below
+    prompt = [5, 9, 14, 200, 31]
+    assert method.generate(prompt, 16, set()).tokens == Greedy(pair, "g").generate(prompt, 16, set()).tokens
+    assert method.identity["source"] == "someone/hydra-tiny" and method.heads.cfg.kind == "hydra"
+
+
+@pytest.mark.parametrize("arch, grounded, message", [
+    ("prefix-mlp", True, r"hydra_head_arch 'prefix-mlp' \(Hydra\+\+'s\); only the paper's MLP heads"),
+    ("mlp", False, r"grounded_heads false: its heads read h_t alone")])
+def test_hydra_heads_of_another_architecture_are_refused_by_name(tmp_path, arch, grounded, message):
+    pair = tiny_pair()
+    config = MedusaConfig.for_target(pair.target.config, "hydra", heads=2, own_lm_head=True, lm_head_bias=True)
+    write_published_hydra(tmp_path, MedusaHeads(config), arch=arch, grounded=grounded)
+    with pytest.raises(ConfigError, match=r"^method\.head: x/hydra has " + message):
+        published_hydra(tmp_path, "x/hydra")
+
+
 @pytest.fixture(autouse=True)
 def hub_cache(tmp_path, monkeypatch, request):
-    """A hub cache of our own (tests never reach the hub); the published-format test puts its snapshot there."""
+    """A hub cache of our own (tests never reach the hub); the published-format tests put their snapshot there."""
     cache = tmp_path / "hub"
     monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(cache))
-    if "published_medusa_head_loads" in request.node.name:
-        repo = cache / "models--someone--medusa-tiny"
-        (repo / "refs").mkdir(parents=True)
-        (repo / "refs" / "main").write_text("a" * 40)
-        snapshot = repo / "snapshots" / ("a" * 40)
-        snapshot.parent.mkdir(parents=True)
-        os.symlink(tmp_path / "medusa-tiny", snapshot)
+    for kind in ("medusa", "hydra"):
+        if f"published_{kind}_head_loads" in request.node.name:
+            repo = cache / f"models--someone--{kind}-tiny"
+            (repo / "refs").mkdir(parents=True)
+            (repo / "refs" / "main").write_text("a" * 40)
+            snapshot = repo / "snapshots" / ("a" * 40)
+            snapshot.parent.mkdir(parents=True)
+            os.symlink(tmp_path / f"{kind}-tiny", snapshot)
     return cache
 
 
@@ -278,7 +329,7 @@ def test_a_published_head_id_offline_names_the_switch():
     with pytest.raises(ConfigError, match=r"^method\.head: FasterDecoding/medusa-vicuna-7b-v1\.3 is not in the local "
                                           r"Hugging Face cache.*method\.local_files_only=false"):
         load_medusa("FasterDecoding/medusa-vicuna-7b-v1.3", "medusa")
-    with pytest.raises(ConfigError, match=r"^method\.head: ankner/hydra-vicuna-7b-v1\.3: published hydra heads"):
+    with pytest.raises(ConfigError, match=r"^method\.head: ankner/hydra-vicuna-7b-v1\.3 is not in the local "):
         load_medusa("ankner/hydra-vicuna-7b-v1.3", "hydra")
 
 

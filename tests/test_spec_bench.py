@@ -166,8 +166,10 @@ def test_report_splits_runs_by_category_beside_the_leaderboard_and_says_why_cell
     assert ouro["(ours) speed-up"].startswith("2.50×") and ouro["(paper) speed-up"] == "not reported"
     assert rows[("Summarization", "PLD")]["(ours) speed-up"] == "not run yet"
     assert rows[("Summarization", "PLD")]["(paper) speed-up"] == "2.30×"
-    eagle1 = rows[("Summarization", "EAGLE")]  # EAGLE-1: a leaderboard row we have no method for
-    assert (eagle1["(ours) speed-up"], eagle1["(paper) speed-up"]) == ("not implemented", "2.12×")
+    eagle1 = rows[("Summarization", "EAGLE")]  # EAGLE-1 (eagle1): ours, with a head trained here, not swept
+    assert (eagle1["(ours) speed-up"], eagle1["(paper) speed-up"]) == ("not in this sweep", "2.12×")
+    sam_eagle = rows[("Summarization", "SAM-Decoding[EAGLE-2]")]  # ours (sam_speculative over eagle), not swept
+    assert sam_eagle["(ours) speed-up"] == "not in this sweep", sam_eagle
     assert rows[("Overall", "EAGLE-3")]["(paper) τ"] == "5.71"
     assert "**5.71**" in result["markdown"] and "<u>2.00× [2.00, 2.00]</u>" in result["markdown"]  # best, second
     categories = list(dict.fromkeys(r[0] for r in result["table"].rows))

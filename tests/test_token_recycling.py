@@ -12,8 +12,8 @@ from specbench.decoding.loop import verify_step
 from specbench.decoding.proposal import Proposal, Step, StepContext
 from specbench.decoding.sampling import Sampler
 from specbench.errors import ConfigError
-from specbench.methods.token_recycling import (DEFAULT_TREE, AdjacencyMatrix, RecyclingTree, TokenRecycling, expand,
-                                               parse_tree)
+from specbench.decoding.rank_tree import parse_tree
+from specbench.methods.token_recycling import DEFAULT_TREE, AdjacencyMatrix, RecyclingTree, TokenRecycling, expand
 
 from .distribution_helpers import one_thread  # noqa: F401  (autouse fixture: one torch thread)
 from .distribution_helpers import EOS as SMALL_EOS

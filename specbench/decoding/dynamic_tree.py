@@ -14,6 +14,10 @@ are known from earlier verifications):
 3. Rerank: the ``max_nodes`` best candidates by score form the tree (a child scores at most its parent, so
    the set keeps every chosen node's ancestors; ties go to the shallower, earlier node).
 
+EAGLE-1 (Li et al. 2024a) instead fills a static tree (``template``: rank paths, decoding/rank_tree.py): the node at
+path p + [r] is the r-th token of the head's distribution after p; the head reads every template node that has
+children, one forward per depth, and no scores are kept.
+
 The first step proposes nothing: the target's prefill gives x0 and the prompt's features (EAGLE does the same).
 The proposal is point masses (top-K given the context is deterministic), so verification is greedy-exact at
 T=0 and, by recursive rejection sampling, exact in distribution above it. The head's cache is cropped back to
@@ -35,10 +39,13 @@ class HeadTree:
 
     draft = None  # no draft model: the head's forwards are counted in ``extra`` (head_forwards)
 
-    def __init__(self, head, parts: TargetParts, top_k: int, depth: int, max_nodes: int, fuse=None):
+    def __init__(self, head, parts: TargetParts, top_k: int, depth: int, max_nodes: int, fuse=None,
+                 template: list[list[int]] | None = None):
         """head: a head runner (head_runner.py: the head's forwards in the pair's execution mode), or a DraftHead
         (run eagerly). fuse: (n, F) target features -> (n, H) what the head reads (EAGLE-3's fc3,
-        ``DraftHead.fuse_layers``); None: a DraftHead's own, else the features as they are."""
+        ``DraftHead.fuse_layers``); None: a DraftHead's own, else the features as they are. template: EAGLE-1's
+        static tree (rank paths in BFS order, rank_tree.parse_tree); None: EAGLE-2's dynamic tree."""
+        self.template = template
         self.runner = EagerHeadRunner(head, parts) if isinstance(head, DraftHead) else head
         self.fuse = fuse or (head.fuse_layers if isinstance(head, DraftHead) else (lambda features: features))
         self.parts = parts
@@ -73,7 +80,8 @@ class HeadTree:
         n = len(tokens) - 1 - start
         logp, regress = self._head(tokens[start + 1:], features, list(range(-1, n - 1)), [])
         committed = self.runner.length
-        self._grow(proposal, context, logp[-1:], regress[-1:], depth_cap)
+        grow = self._grow if self.template is None else self._fill_template
+        grow(proposal, context, logp[-1:], regress[-1:], depth_cap)
         self.runner.crop(committed)
         self._count(proposal)
         return proposal
@@ -116,6 +124,44 @@ class HeadTree:
                 node_of[c] = len(proposal.tokens)
                 proposal.tokens.append(pool[c][3])
                 proposal.parents.append(node_of[parent])
+
+    def _fill_template(self, proposal: Proposal, context: StepContext, logp, regress, depth_cap: int) -> None:
+        """EAGLE-1: the template's node p + [r] is the r-th token of the head's distribution after p (a node is
+        left out, with everything under it, below an EOS or deeper than ``depth_cap``)."""
+        node_of: dict[tuple[int, ...], int] = {(): -1}  # template path -> proposal node (-1: x0)
+        logp_of = {-1: logp[0]}  # the head's distribution after each node whose children come next
+        feature_of, slot, cached = {-1: regress[0]}, {-1: -1}, []
+        parent_paths = {tuple(path[:-1]) for path in self.template}
+        for depth in range(1, depth_cap + 1):
+            level = [path for path in self.template if len(path) == depth]
+            wanted: dict[int, int] = {}  # parent node -> ranks its children need
+            for path in level:
+                parent = node_of.get(tuple(path[:-1]))
+                if parent in logp_of:
+                    wanted[parent] = max(wanted.get(parent, 0), path[-1] + 1)
+            ranked = {parent: self.parts.target_ids(logp_of[parent].topk(min(k, logp_of[parent].shape[-1])).indices)
+                      .tolist() for parent, k in wanted.items()}
+            added = []
+            for path in level:
+                parent = node_of.get(tuple(path[:-1]))
+                if parent not in ranked or path[-1] >= len(ranked[parent]):
+                    continue
+                node_of[tuple(path)] = len(proposal.tokens)
+                added.append((tuple(path), len(proposal.tokens)))
+                proposal.tokens.append(int(ranked[parent][path[-1]]))
+                proposal.parents.append(parent)
+            frontier = [node for path, node in added
+                        if path in parent_paths and proposal.tokens[node] not in context.eos_ids]
+            if depth == depth_cap or not frontier:
+                break
+            m, links = len(cached), [slot[proposal.parents[node]] for node in frontier]
+            for i, node in enumerate(frontier):
+                slot[node] = m + i
+            features = torch.stack([feature_of[proposal.parents[node]] for node in frontier])
+            logp, regress = self._head([proposal.tokens[node] for node in frontier], features, links, cached)
+            cached += links
+            for i, node in enumerate(frontier):
+                logp_of[node], feature_of[node] = logp[i], regress[i]
 
     def _count(self, proposal: Proposal) -> None:
         self.tree_nodes.append(len(proposal.tokens))

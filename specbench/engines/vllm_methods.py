@@ -92,6 +92,8 @@ def published_head(method: dict, kinds: tuple[str, ...], other: str, example: st
 
 def feature_head(method: dict, files: ModelFiles) -> dict:
     """method=eagle / eagle3: vLLM's EAGLE / EAGLE-3 with a published head."""
+    require(method.get("tree") is None, "method.tree", "vLLM drafts with an EAGLE head along its own proposal, not "
+            "EAGLE-1's static tree: method=eagle1 runs with engine=hf")
     example = ("yuhuili/EAGLE3-LLaMA3.1-Instruct-8B" if method.get("kind") == "eagle3"
                else "yuhuili/EAGLE-LLaMA3-Instruct-8B")
     return published_head(method, ("eagle", "eagle3"), "vLLM has no GRIFFIN drafting; method=griffin runs with "

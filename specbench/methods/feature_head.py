@@ -1,6 +1,7 @@
 """``method=eagle`` / ``griffin`` / ``eagle3``: a feature-level draft head (EAGLE's, GRIFFIN's or EAGLE-3's,
 models/draft_head.py)
-drafting EAGLE-2 dynamic trees (decoding/dynamic_tree.py) that the target verifies on the shared loop.
+drafting EAGLE-2 dynamic trees (decoding/dynamic_tree.py) that the target verifies on the shared loop; with
+``method.tree`` (rank paths or per-depth widths) the static tree of EAGLE-1 instead (``method=eagle1``).
 
 The target runs as a FeatureLM (its forwards also keep its last hidden states, the features the head reads).
 No draft model: ``model`` may be a pair without one. The head comes from ``method.head``: the name of a head
@@ -17,6 +18,7 @@ from __future__ import annotations
 from ..decoding.cached_lm import FeatureLM
 from ..decoding.dynamic_tree import HeadTree
 from ..decoding.head_runner import EagerHeadRunner, StaticHead, StaticHeadRunner
+from ..decoding.rank_tree import parse_tree
 from ..decoding.loop import speculative_generate
 from ..errors import require
 from ..models.cpu_linear import apply_linear_kernel
@@ -29,20 +31,24 @@ from .base import NoTimeline, ProposerMethod
 class FeatureHeadMethod(ProposerMethod):
     """Knobs (EAGLE-2's names): ``top_k`` K (children per expanded node and frontier width), ``depth`` D (head
     forwards per step), ``max_nodes`` (tree budget: total_token). ``kind``: eagle | griffin | eagle3, the head it
-    needs."""
+    needs. ``tree``: EAGLE-1's static tree (decoding/rank_tree.py) in place of the dynamic one; its depth and node
+    count replace ``depth`` and ``max_nodes`` (``top_k`` is unused)."""
 
     backends = ("transformers",)
     backend_reason = "its head reads the target's hidden states and lm_head, which llama.cpp does not expose here"
 
     def __init__(self, pair, name: str = "eagle", kind: str = "eagle", head: str | None = None,
                  heads_dir: str | None = None, top_k: int = 8, depth: int = 5, max_nodes: int = 24,
-                 local_files_only: bool = True, temperature: float = 0.0, top_p: float = 1.0, seed: int = 0):
+                 tree=None, local_files_only: bool = True, temperature: float = 0.0, top_p: float = 1.0, seed: int = 0):
         super().__init__(pair, name, temperature, top_p, seed)
         require(kind in KINDS, "method.kind", f"must be one of {list(KINDS)}, got {kind!r}")
         self.kind = kind
         self.top_k = positive_int(top_k, "method.top_k", "children per expanded node, K")
         self.depth = positive_int(depth, "method.depth", "tree depth D: head forwards per step")
         self.max_nodes = positive_int(max_nodes, "method.max_nodes", "most tree nodes per step")
+        self.template = None if tree is None else parse_tree(tree)
+        if self.template is not None:  # EAGLE-1: the static tree sets the step's shape
+            self.depth, self.max_nodes = max(map(len, self.template)), len(self.template)
         head = head_source(head, heads_dir, f"needs the {kind} head to draft with: the name of a head "
                            f"`python -m specbench.training.heads head=<name>` trained (make heads: {kind}), a "
                            "directory, or a published head's Hugging Face id")
@@ -72,7 +78,7 @@ class FeatureHeadMethod(ProposerMethod):
 
     def make_proposer(self, prompt_ids) -> HeadTree:
         return HeadTree(self.head_runner(), self.parts, self.top_k, self.depth, self.max_nodes,
-                        fuse=self.head.fuse_layers)
+                        fuse=self.head.fuse_layers, template=self.template)
 
     def head_runner(self):
         """The head's forwards in the pair's execution mode (decoding/head_runner.py)."""

@@ -31,13 +31,13 @@ candidates in M at the end of the generation).
 """
 from __future__ import annotations
 
-from collections.abc import Sequence as SequenceABC
 from dataclasses import dataclass
 from typing import Sequence
 
 import torch
 
 from ..decoding.proposal import Proposal, Step, StepContext
+from ..decoding.rank_tree import parse_tree
 from ..errors import require
 from .base import ProposerMethod
 
@@ -48,7 +48,6 @@ DEFAULT_TREE = [[0], [1], [2], [3],
                 [0, 0, 0, 0], [0, 0, 1, 0], [1, 0, 0, 0],
                 [0, 0, 0, 0, 0], [1, 0, 0, 0, 0],
                 [0, 0, 0, 0, 0, 0]]
-MAX_NODES = 1024  # a template larger than this is a typo (widths multiply), not a tree one forward can verify
 
 
 @dataclass(frozen=True, eq=False)
@@ -161,35 +160,6 @@ class RecyclingTree:
     def extra(self) -> dict:
         return {"steps": len(self.tree_nodes), "tree_nodes": self.tree_nodes, "tree_depth": self.tree_depth,
                 "rows_filled": self.matrix.filled()}
-
-
-def parse_tree(tree) -> list[list[int]]:
-    """``method.tree`` as rank paths in BFS order (by depth, then by ranks): per-depth widths [w_1, ..., w_D]
-    become the full tree (every node at depth d−1 gets ranks 0..w_d−1); explicit paths are checked (distinct,
-    non-negative ranks, every path's parent path present)."""
-    shape = "a non-empty list of per-depth widths (e.g. [4, 2, 1]) or of rank paths (e.g. [[0], [1], [0, 0]])"
-    is_int = lambda v: isinstance(v, int) and not isinstance(v, bool)  # noqa: E731
-    is_seq = lambda v: isinstance(v, SequenceABC) and not isinstance(v, str)  # noqa: E731 (ListConfig too)
-    require(is_seq(tree) and len(tree) > 0, "method.tree", f"must be {shape}, got {tree!r}")
-    items = list(tree)
-    if all(is_int(w) for w in items):
-        require(all(w >= 1 for w in items), "method.tree", f"widths must be positive integers, got {items}")
-        paths, level = [], [[]]
-        for width in items:
-            level = [parent + [rank] for parent in level for rank in range(width)]
-            require(len(paths) + len(level) <= MAX_NODES, "method.tree",
-                    f"widths {items} make more than {MAX_NODES} nodes")
-            paths += level
-        return paths
-    require(all(is_seq(p) and len(p) > 0 and all(is_int(r) and r >= 0 for r in p) for p in items), "method.tree",
-            f"must be {shape}, got {tree!r}")
-    paths = [[int(r) for r in p] for p in items]
-    keys = {tuple(p) for p in paths}
-    require(len(keys) == len(paths), "method.tree", "a rank path is listed twice")
-    orphan = next((p for p in paths if len(p) > 1 and tuple(p[:-1]) not in keys), None)
-    require(orphan is None, "method.tree", f"path {orphan} has no parent path {orphan and orphan[:-1]}")
-    require(len(paths) <= MAX_NODES, "method.tree", f"{len(paths)} nodes, more than {MAX_NODES}")
-    return sorted(paths, key=lambda p: (len(p), p))
 
 
 class TokenRecycling(ProposerMethod):

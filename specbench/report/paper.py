@@ -18,8 +18,10 @@ PUBLISHED_DIR = Path(__file__).resolve().parent / "published"
 
 def known_methods() -> set[str]:
     """The method names a run of ours can have: a conf/method config's, or a head's trained here (conf/head: a run
-    with method.head=<name> is named after its head, models/head_names.py; GRIFFIN's ablation rows)."""
-    return {p.stem for group in ("method", "head") for p in (CONF_DIR / group).glob("*.yaml")}
+    with method.head=<name> is named after its head, models/head_names.py; GRIFFIN's ablation rows), and SAM
+    Decoding over any of them (conf/method/sam_speculative.yaml names a run sam_<its fallback's name>)."""
+    names = {p.stem for group in ("method", "head") for p in (CONF_DIR / group).glob("*.yaml")}
+    return names | {f"sam_{name}" for name in names}
 
 
 def canonical(spec, key: str, value):

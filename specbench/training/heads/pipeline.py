@@ -258,8 +258,9 @@ class HeadPipeline:
             log(f"[heads] stage {index}: saved {stage_dir} ({parameter_count(heads) / 1e6:.1f} M parameters)")
 
     def _start_medusa(self, config: MedusaConfig, index: int, parts: TargetParts) -> MedusaHeads:
-        """Stage 1: new heads (residual blocks and Hydra's input projections zero: every head starts as the target's
-        lm_head on h_t; own lm_heads copy the target's, as Medusa-1 initialises them); later: the stage before."""
+        """Stage 1: new heads (residual blocks zero, Hydra's grounded blocks the identity on h_t: every head starts
+        as the target's lm_head on h_t; own lm_heads copy the target's, as Medusa-1 initialises them); later: the
+        stage before."""
         if index > 1:
             return load_medusa(str(self.head_dir / f"stage-{index - 1}"), config.kind, key="head").build(torch.float32)
         torch.manual_seed(self.settings.seed)  # the residual blocks' biases
