@@ -45,6 +45,10 @@ class HeadTree:
         (run eagerly). fuse: (n, F) target features -> (n, H) what the head reads (EAGLE-3's fc3,
         ``DraftHead.fuse_layers``); None: a DraftHead's own, else the features as they are. template: EAGLE-1's
         static tree (rank paths in BFS order, rank_tree.parse_tree); None: EAGLE-2's dynamic tree."""
+        # EAGLE-1's template by depth (levels[d-1]: its paths of length d) and the paths that have children
+        self.levels = [[tuple(p) for p in template or () if len(p) == d]
+                       for d in range(1, max(map(len, template or [[]])) + 1)]
+        self.inner = {tuple(p[:-1]) for p in template or ()}
         self.template = template
         self.runner = EagerHeadRunner(head, parts) if isinstance(head, DraftHead) else head
         self.fuse = fuse or (head.fuse_layers if isinstance(head, DraftHead) else (lambda features: features))
@@ -131,27 +135,24 @@ class HeadTree:
         node_of: dict[tuple[int, ...], int] = {(): -1}  # template path -> proposal node (-1: x0)
         logp_of = {-1: logp[0]}  # the head's distribution after each node whose children come next
         feature_of, slot, cached = {-1: regress[0]}, {-1: -1}, []
-        parent_paths = {tuple(path[:-1]) for path in self.template}
-        for depth in range(1, depth_cap + 1):
-            level = [path for path in self.template if len(path) == depth]
+        for depth, level in enumerate(self.levels[:depth_cap], start=1):
+            # (path, its parent's proposal node) for the paths whose parent was expanded
+            placed = [(path, node_of[path[:-1]]) for path in level if node_of.get(path[:-1]) in logp_of]
             wanted: dict[int, int] = {}  # parent node -> ranks its children need
-            for path in level:
-                parent = node_of.get(tuple(path[:-1]))
-                if parent in logp_of:
-                    wanted[parent] = max(wanted.get(parent, 0), path[-1] + 1)
+            for path, parent in placed:
+                wanted[parent] = max(wanted.get(parent, 0), path[-1] + 1)
             ranked = {parent: self.parts.target_ids(logp_of[parent].topk(min(k, logp_of[parent].shape[-1])).indices)
                       .tolist() for parent, k in wanted.items()}
             added = []
-            for path in level:
-                parent = node_of.get(tuple(path[:-1]))
-                if parent not in ranked or path[-1] >= len(ranked[parent]):
+            for path, parent in placed:
+                if path[-1] >= len(ranked[parent]):
                     continue
-                node_of[tuple(path)] = len(proposal.tokens)
-                added.append((tuple(path), len(proposal.tokens)))
+                node_of[path] = len(proposal.tokens)
+                added.append((path, len(proposal.tokens)))
                 proposal.tokens.append(int(ranked[parent][path[-1]]))
                 proposal.parents.append(parent)
             frontier = [node for path, node in added
-                        if path in parent_paths and proposal.tokens[node] not in context.eos_ids]
+                        if path in self.inner and proposal.tokens[node] not in context.eos_ids]
             if depth == depth_cap or not frontier:
                 break
             m, links = len(cached), [slot[proposal.parents[node]] for node in frontier]

@@ -14,12 +14,11 @@ EAGLE-3 (kind eagle3) reads the inputs of three of the target's decoder layers i
 """
 from __future__ import annotations
 
-
 from ..decoding.cached_lm import FeatureLM
 from ..decoding.dynamic_tree import HeadTree
 from ..decoding.head_runner import EagerHeadRunner, StaticHead, StaticHeadRunner
-from ..decoding.rank_tree import parse_tree
 from ..decoding.loop import speculative_generate
+from ..decoding.rank_tree import parse_tree
 from ..errors import require
 from ..models.cpu_linear import apply_linear_kernel
 from ..models.draft_head import KINDS, HeadConfig, TargetParts, eagle3_layers

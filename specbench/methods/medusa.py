@@ -24,7 +24,6 @@ The first step proposes nothing (the prefill gives x0 and h_t). Counters in ``ex
 """
 from __future__ import annotations
 
-
 import torch
 
 from ..decoding.loop import speculative_generate
