@@ -54,6 +54,15 @@ def main(cfg: DictConfig) -> float | None:
 
 
 if __name__ == "__main__":
+    from .cli import check_overrides, split_flags
+
+    try:  # an override that does not compose (engine=nosuch) is one line and exit 2 here, not Hydra's report
+        check_overrides("config", *split_flags(sys.argv[1:]))
+    except ConfigError as exc:
+        print(f"specbench: error: {exc}", file=sys.stderr)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        interrupted(None)
     try:
         main()
     except KeyboardInterrupt:  # before or after the run itself (composing the config, importing torch)

@@ -27,7 +27,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from . import costs as cost_model
 from .components import build
 from .cli import run_app
-from .environment import available_cores, environment
+from .environment import available_cores, check_threads, environment
 from .errors import ConfigError, require, positive_int
 from .lossless import LosslessCheck
 from .metrics import compare, fmt, matched_baseline, summarize
@@ -63,6 +63,8 @@ def validate(cfg: DictConfig) -> None:
     require(isinstance(cfg.warmup, int) and not isinstance(cfg.warmup, bool) and cfg.warmup >= 0, "warmup",
             f"must be an integer >= 0, got {cfg.warmup!r}")
     positive_int(cfg.threads, "threads", optional=True, meaning="torch threads")
+    require(isinstance(cfg.oversubscribe, bool), "oversubscribe", f"must be true or false, got {cfg.oversubscribe!r}")
+    check_threads(cfg.threads, cfg.oversubscribe, "threads", "oversubscribe")
     require(isinstance(cfg.fp32, bool), "fp32", f"must be true or false, got {cfg.fp32!r}")
     temperature, top_p = cfg.temperature, cfg.top_p
     require(isinstance(temperature, (int, float)) and not isinstance(temperature, bool) and temperature >= 0,

@@ -35,6 +35,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from . import components
 from .config_types import Range, describe, problem
+from .environment import check_threads
 from .errors import ConfigError, require
 from .models.backend import backend_of_config
 from .models.execution import execution_of_config
@@ -63,6 +64,7 @@ class RunnerConfig:
     strict_lossless: bool
     threads: Annotated[int, Range(ge=1)] | None  # null: the cores this process may use
     progress: bool
+    oversubscribe: bool = False  # true: allow more threads than the CPUs this process may use
     batch_size: Annotated[int, Range(ge=1)] = 1  # requests in flight per round (engine=vllm; engine=hf: 1)
     bound: bool = True  # measure T(k) after the run and print the speed-up the forward costs allow beside it
 
@@ -128,6 +130,7 @@ def check_settings(cfg: DictConfig) -> None:
             message = problem(plain(cfg, key), TOP_LEVEL[key])
             require(message is None, key, message or "")
     check_schema(plain(cfg, "runner"), RunnerConfig, "runner")
+    check_threads(cfg.runner.threads, cfg.runner.get("oversubscribe", False))
     if cfg.get("engine") is not None:
         engine = plain(cfg, "engine")
         require(isinstance(engine, dict) and "_target_" in engine, "engine", "must be a config with a _target_")

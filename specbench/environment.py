@@ -11,6 +11,8 @@ from pathlib import Path
 
 import torch
 
+from .errors import require
+
 PACKAGES = ("specbench", "torch", "transformers", "tokenizers", "accelerate", "hydra-core", "omegaconf")
 # the CPU flags that decide a bf16 / int8 forward's speed (oneDNN's kernels): two machines both called
 # "AMD EPYC" by a KVM guest differ here, and in family / model
@@ -121,6 +123,25 @@ def available_cores() -> int:
     cores = physical_cores(affinity_cpus())
     quota = cgroup_cpu_limit()
     return min(cores, quota) if quota else cores
+
+
+def usable_cpus() -> int:
+    """The logical CPUs this process may run on (its affinity mask), capped by a cgroup CPU quota."""
+    quota = cgroup_cpu_limit()
+    cpus = len(affinity_cpus())
+    return min(cpus, quota) if quota else cpus
+
+
+def check_threads(threads: int | None, oversubscribe: bool, key: str = "runner.threads",
+                  oversubscribe_key: str = "runner.oversubscribe") -> None:
+    """More compute threads than CPUs to run them on time the scheduler, not the method (999 threads on 2 cores
+    took a load average of 188 and 90 s for 2 tokens): a ConfigError before anything loads, unless the user asks
+    for it by name (``oversubscribe``)."""
+    usable = usable_cpus()
+    require(threads is None or oversubscribe or threads <= usable, key,
+            f"{threads} threads, but this process may use {usable} CPU(s) (affinity mask"
+            f"{', cgroup quota' if cgroup_cpu_limit() else ''}); valid: 1..{usable}, or null for the cores it may "
+            f"use ({available_cores()}); to oversubscribe on purpose, add {oversubscribe_key}=true")
 
 
 def environment(device: torch.device) -> dict:

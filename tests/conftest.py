@@ -5,6 +5,8 @@ from pathlib import Path
 
 import pytest
 
+from .limits import generous
+
 ROOT = Path(__file__).resolve().parents[1]
 # Spec-Bench / EAGLE question files (not part of the project): SPECBENCH_EXTERNAL_DATA, else ../shared/data
 SHARED_DATA = Path(os.environ.get("SPECBENCH_EXTERNAL_DATA") or ROOT.parent / "shared" / "data")
@@ -26,9 +28,10 @@ def tiny_gpt2():
     return build_tiny_pair(name="tiny-gpt2", arch="gpt2")
 
 
-def run_cli(*overrides: str, records_dir: Path, check: bool = True, timeout: float = 300,
+def run_cli(*overrides: str, records_dir: Path, check: bool = True, expect_s: float = 300,
             env: dict | None = None) -> subprocess.CompletedProcess:
-    """python -m specbench on a tiny model, records into records_dir, Hydra outputs beside it."""
+    """python -m specbench on a tiny model, records into records_dir, Hydra outputs beside it. ``expect_s``: about
+    what the run may take on the reference machine; its limit is ``generous(expect_s)`` (tests/limits.py)."""
     flags = [o for o in overrides if o.startswith("-")]
     overrides = tuple(o for o in overrides if not o.startswith("-"))
     model = [] if any(o.startswith("model=") for o in overrides) else ["model=tiny_llama"]
@@ -37,7 +40,7 @@ def run_cli(*overrides: str, records_dir: Path, check: bool = True, timeout: flo
     args = [sys.executable, "-m", "specbench", *flags, *model, f"runner.records_dir={records_dir}",
             f"hydra.run.dir={records_dir.parent / 'hydra'}", f"hydra.sweep.dir={records_dir.parent / 'multirun'}",
             "runner.progress=false", *strict, *overrides]
-    proc = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env)
+    proc = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=generous(expect_s), env=env)
     if check and proc.returncode != 0:
         raise AssertionError(f"exit {proc.returncode}\nSTDOUT:\n{proc.stdout}\nSTDERR:\n{proc.stderr}")
     return proc

@@ -7,7 +7,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 from typing import Annotated, Literal, Optional, Union
 
@@ -15,13 +14,14 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from specbench import benchmark, components, records
+from specbench import benchmark, components, environment, records
 from specbench.config_check import ConfigOnlyPair, check_components, check_settings, construct
 from specbench.config_types import Range, problem
 from specbench.errors import ConfigError, StorageError, positive_int
 from specbench.records import RecordStore, write_json
 
 from .conftest import ROOT, run_cli
+from .limits import generous, wait_for
 
 CONF = ROOT / "conf"
 
@@ -75,6 +75,9 @@ BAD = {  # override(s) -> the start of the one-line error
     "data=spec_bench data.per_category=0": "data.per_category: must be a positive integer",
     "data=spec_bench data.per_category=2 data.sample=10": "data.per_category: samples each category; it cannot be "
                                                           "combined with data.sample",
+    "runner.threads=999": "runner.threads: 999 threads, but this process may use ",
+    "runner.oversubscribe=maybe": "runner.oversubscribe: must be true or false, got 'maybe'",
+    "data.path=/": "data.path: / is a directory; give a file in it (.jsonl, .jsonl.gz or .json)",
     "baseline.name=5": "baseline.name: must be a string, got 5",
     "model.hidden_size=big": "model.hidden_size: must be an integer, got 'big'",
     "+model.hiden_size=32": "model.hiden_size: unknown key for specbench.models.tiny.build_tiny_pair (did you mean",
@@ -203,11 +206,27 @@ def test_every_shipped_option_passes_the_checks(group, tmp_path):
                                                      "got 'no'"),
     (("method=specinfer", "method.widths=[2,300]"), "specbench: error: method.widths: a width of 300 is more children "
                                                     "than the vocabulary has tokens (259)"),
+    # overrides that do not compose: Hydra's several-line report and exit 1 before, now one line like the others
+    (("engine=nosuch",), "specbench: error: In 'config': Could not find 'engine/nosuch'; Available options in "
+                         "'engine': hf, vllm, vllm_cluster"),
+    (("logger.mode=sideways",), "specbench: error: Could not override 'logger.mode'. To append to your config use "
+                                "+logger.mode=sideways"),
 ])
 def test_cli_prints_one_line_and_exits_2(overrides, message, tmp_path):
     proc = run_cli(*overrides, records_dir=tmp_path / "records", check=False)
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert proc.stderr.strip().splitlines() == [message]
+
+
+def test_threads_above_the_cpus_this_process_may_use_are_refused_unless_asked_for(tmp_path, monkeypatch):
+    monkeypatch.setattr(environment, "usable_cpus", lambda: 2)
+    common = ("model=tiny_llama", f"runner.records_dir={tmp_path}")
+    with pytest.raises(ConfigError, match=r"^runner\.threads: 3 threads, but this process may use 2 CPU\(s\) .*valid: "
+                                          r"1\.\.2, or null .*add runner\.oversubscribe=true$"):
+        check_settings(composed(*common, "runner.threads=3"))
+    check_settings(composed(*common, "runner.threads=2"))
+    check_settings(composed(*common, "runner.threads=3", "runner.oversubscribe=true"))
+    check_settings(composed(*common))  # null: the cores it may use
 
 
 # -- runner.records_dir ------------------------------------------------------------------------------------------
@@ -296,7 +315,7 @@ def test_cli_full_disk_is_one_line_and_the_rerun_resumes(tmp_path):
     args = ["model=tiny_llama", "method=greedy", "data.limit=3", "data.max_new_tokens=8", "runner.progress=false",
             f"runner.records_dir={records_dir}", f"hydra.run.dir={tmp_path / 'hydra'}"]
     proc = subprocess.run([sys.executable, "-c", FULL_DISK_CLI, *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=300)
+                          timeout=generous(300))
     assert proc.returncode == 1, proc.stderr[-2000:]
     errors = [line for line in proc.stderr.splitlines() if line.startswith("specbench:")]
     assert len(errors) == 1 and "(No space left on device); the records before it are intact" in errors[0]
@@ -318,11 +337,9 @@ def test_ctrl_c_is_one_line_and_exit_130(tmp_path):
     # SIGINT must reach the child even from a background job (see test_cli's interrupted-run test)
     proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    deadline = time.time() + 120
-    while time.time() < deadline and not any(f.stat().st_size for f in records_dir.rglob("greedy-*.jsonl")):
-        time.sleep(0.02)
+    wait_for(lambda: any(f.stat().st_size for f in records_dir.rglob("greedy-*.jsonl")), proc, "a record written")
     proc.send_signal(signal.SIGINT)
-    _, stderr = proc.communicate(timeout=60)
+    _, stderr = proc.communicate(timeout=generous(60))
     assert proc.returncode == 130, stderr[-3000:]
     assert "Traceback" not in stderr
     last = stderr.strip().splitlines()[-1]

@@ -12,6 +12,7 @@ from specbench import bench
 from specbench.schema import RunRecord
 
 from .conftest import ROOT
+from .limits import generous
 
 
 def bench_config(*overrides: str):
@@ -21,7 +22,7 @@ def bench_config(*overrides: str):
 
 def bench_cli(*args: str, tmp_path) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "specbench.bench", f"paths.root={tmp_path / 'runs'}", *args],
-                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+                          cwd=ROOT, capture_output=True, text=True, timeout=generous(120))
 
 
 def test_bench_rounds_cost_table_and_efficiency(tmp_path, capsys):
@@ -147,6 +148,8 @@ def test_bench_keys_default_to_the_old_options_and_paths():
     (["backends=[onnx]"], "backends: must be a list of ['auto', 'transformers', 'llamacpp']"),
     (["model=tiny_llama", "backends=[llamacpp]"], "model.backend: llamacpp runs GGUF files"),
     (["model=nosuch"], "Could not find 'model/nosuch'; Available options in 'model': "),
+    (["model=tiny_llama", "threads=999"], "threads: 999 threads, but this process may use "),
+    (["model=tiny_llama", "oversubscribe=1"], "oversubscribe: must be true or false, got 1"),
 ])
 def test_bench_bad_input_is_one_line_naming_the_key_and_exit_2(tmp_path, args, message):
     proc = bench_cli(*args, tmp_path=tmp_path)

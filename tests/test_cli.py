@@ -4,9 +4,9 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 from .conftest import ROOT, run_cli
+from .limits import generous, wait_for
 
 
 def load_records(records_dir, method):
@@ -61,15 +61,14 @@ def test_interrupted_run_keeps_finished_records_and_does_not_redo_them(tmp_path)
     # Python started with SIGINT ignored never raises KeyboardInterrupt)
     proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    deadline = time.time() + 120
-    files = []
-    while time.time() < deadline:
-        files = list(records.rglob("greedy-*.jsonl"))
-        if files and len(files[0].read_text().splitlines()) >= 2:
-            break
-        time.sleep(0.02)
+
+    def two_records_written():
+        return any(len(f.read_text().splitlines()) >= 2 for f in records.rglob("greedy-*.jsonl"))
+
+    wait_for(two_records_written, proc, "two records written")
+    files = list(records.rglob("greedy-*.jsonl"))
     proc.send_signal(signal.SIGINT)  # Ctrl-C in the middle of the run
-    proc.wait(timeout=60)
+    proc.wait(timeout=generous(60))
     kept = [json.loads(line) for line in files[0].read_text().splitlines()]
     assert 2 <= len(kept) < 40, "the run must be cut mid-way for this test to mean anything"
     run_cli("method=greedy", "data.limit=40", "data.max_new_tokens=256", records_dir=records)

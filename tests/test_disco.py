@@ -23,6 +23,7 @@ from specbench.training.disco.tune import best_candidate, grid
 
 from .conftest import ROOT
 from .test_equivalence import cases, greedy_reference, pair_for
+from .limits import generous
 
 
 def test_feature_vector_on_a_hand_built_distribution():
@@ -190,7 +191,7 @@ def run_disco(tmp_path, data_file, *overrides, check=True):
             "disco.max_new_tokens=16", "disco.tuning.static_gamma=[2,5]", "disco.tuning.disco_threshold=[0.5,0.9]",
             "disco.tuning.disco_sl_max=[8]", "disco.tuning.ppl_threshold=[2.0]", "disco.classifier.epochs=30",
             *[f"+disco.splits.{s}.set.path={data_file}" for s in ("train", "validation", "test")], *overrides]
-    proc = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=generous(600))
     if check and proc.returncode != 0:
         raise AssertionError(f"exit {proc.returncode}\nSTDERR:\n{proc.stderr[-4000:]}")
     return proc
@@ -258,7 +259,7 @@ def test_pipeline_stage_order_and_hub_only_splits_fail_with_clear_errors(tmp_pat
     assert proc.returncode == 2 and "stage" in proc.stderr and "extract" in proc.stderr
     hub = subprocess.run([sys.executable, "-m", "specbench.training.disco", "disco=mbpp", "disco.model=tiny_llama",
                           f"disco.out_dir={tmp_path / 'd2'}", f"hydra.run.dir={tmp_path / 'hydra'}"],
-                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+                         cwd=ROOT, capture_output=True, text=True, timeout=generous(300))
     assert hub.returncode == 2 and "google-research-datasets/mbpp" in hub.stderr and "data.path" in hub.stderr
 
 

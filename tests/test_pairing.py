@@ -3,12 +3,12 @@ import json
 import signal
 import subprocess
 import sys
-import time
 
 from specbench.metrics import bootstrap_mean_ci, compare
 from specbench.schema import RunRecord
 
 from .conftest import ROOT, run_cli
+from .limits import generous, wait_for
 
 
 def rec(prompt, wall, round_id=None, repeat=0, tokens=10, ids=(1, 2, 3)):
@@ -101,14 +101,14 @@ def test_killed_interleaved_run_resumes_without_redoing_finished_pairs(tmp_path)
             "data.max_new_tokens=128", f"runner.records_dir={records}", f"hydra.run.dir={tmp_path / 'hydra'}",
             "runner.progress=false"]
     proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.time() + 120
-    while time.time() < deadline:
+
+    def two_pairs_written():
         files = list(records.rglob("speculative-*.jsonl"))
-        if files and len(files[0].read_text().splitlines()) >= 2:
-            break
-        time.sleep(0.02)
+        return bool(files) and len(files[0].read_text().splitlines()) >= 2
+
+    wait_for(two_pairs_written, proc, "two pairs written")
     proc.send_signal(signal.SIGKILL)
-    proc.wait(timeout=30)
+    proc.wait(timeout=generous(30))
     kept = load(records, "speculative")
     assert 2 <= len(kept) < 30, "the run must be cut mid-way for this test to mean anything"
     run_cli("method=speculative", "data.limit=30", "data.max_new_tokens=128", records_dir=records)

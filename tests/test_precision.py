@@ -12,6 +12,12 @@ from specbench.models.precision import resolve_precision
 from specbench.models.tiny import build_tiny_pair
 
 
+PACKED_MISSING = precision_module.packed_linear_missing()
+needs_packed_linear = pytest.mark.skipif(PACKED_MISSING is not None, reason=f"oneDNN packed linear: {PACKED_MISSING}")
+AVX2_ONLY_ERROR = ("mkldnn_reorder_linear_weight: bf16 path needs the cpu support avx_ne_convert or avx512bw, "
+                   "avx512vl and avx512dq")
+
+
 def pretend_cpu(monkeypatch, bf16: bool):
     monkeypatch.setattr(precision_module, "_cpu_query", lambda name: bf16 and name == "_is_avx512_bf16_supported")
 
@@ -42,7 +48,7 @@ def test_bad_values_name_the_key_and_the_valid_ones():
             resolve_precision("auto", "cuda")
 
 
-@pytest.mark.skipif(not precision_module.packed_linear_available(), reason="no oneDNN packed linear in this torch")
+@needs_packed_linear
 def test_packed_linear_matches_torch_up_to_bf16_rounding():
     torch.manual_seed(0)
     linear = torch.nn.Linear(96, 200).to(torch.bfloat16)
@@ -55,7 +61,7 @@ def test_packed_linear_matches_torch_up_to_bf16_rounding():
         assert (ours.double() - exact).abs().max() <= 2 * (ref.double() - exact).abs().max() + 1e-2
 
 
-@pytest.mark.skipif(not precision_module.packed_linear_available(), reason="no oneDNN packed linear in this torch")
+@needs_packed_linear
 def test_a_packed_linears_weight_reads_back_exactly_without_its_bias():
     from specbench.models.draft_head import linear_weight
     torch.manual_seed(0)
@@ -65,7 +71,7 @@ def test_a_packed_linears_weight_reads_back_exactly_without_its_bias():
     assert torch.equal(linear_weight(packed), linear.weight) and torch.equal(packed.bias, linear.bias)
 
 
-@pytest.mark.skipif(not precision_module.packed_linear_available(), reason="no oneDNN packed linear in this torch")
+@needs_packed_linear
 def test_a_packed_bf16_pair_decodes_and_speculative_follows_its_greedy():
     pair = build_tiny_pair(name="tiny-bf16", dtype="bfloat16", linear_kernel="onednn_packed")
     assert pair.dtype == "bfloat16" and pair.precision.linear_kernel == "onednn_packed"
@@ -77,8 +83,29 @@ def test_a_packed_bf16_pair_decodes_and_speculative_follows_its_greedy():
     assert spec[:4] == greedy[:4]  # bf16: later tokens may flip at near-ties; the runner classifies those
 
 
+@needs_packed_linear
 def test_pack_linears_replaces_every_linear():
     model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Sequential(torch.nn.Linear(8, 4)))
     model = model.to(torch.bfloat16)
-    if precision_module.packed_linear_available():
-        assert pack_linears(model) == 2 and model(torch.randn(1, 8, dtype=torch.bfloat16)).shape == (1, 4)
+    assert pack_linears(model) == 2 and model(torch.randn(1, 8, dtype=torch.bfloat16)).shape == (1, 4)
+
+
+@pytest.fixture
+def cpu_without_bf16_packing(monkeypatch):
+    """oneDNN as on an AVX2-only CPU (Zen 3): the packed-linear ops exist, their bf16 reorder raises."""
+    def reorder(weight, batch_size):
+        raise RuntimeError(AVX2_ONLY_ERROR)
+
+    precision_module.packed_linear_missing.cache_clear()
+    monkeypatch.setattr(torch.ops.mkldnn, "_reorder_linear_weight", reorder)
+    yield
+    precision_module.packed_linear_missing.cache_clear()
+
+
+def test_a_cpu_that_cannot_pack_bf16_never_gets_the_packed_kernel(monkeypatch, cpu_without_bf16_packing):
+    pretend_cpu(monkeypatch, bf16=True)  # even where torch reports native bf16 dot products
+    assert resolve_precision("auto", "cpu").linear_kernel == "torch"
+    assert resolve_precision("bfloat16", "cpu").linear_kernel == "torch"
+    with pytest.raises(ConfigError, match=r"model.linear_kernel: onednn_packed cannot run here: this CPU cannot run "
+                                          r"oneDNN's bf16 weight packing .*avx512bw.*valid: \['auto', 'torch'\]"):
+        resolve_precision("bfloat16", "cpu", "onednn_packed")

@@ -114,13 +114,19 @@ def test_a_long_prompt_is_indexed_once_not_scanned_per_step():
     prompt = [(i * 7919) % 5000 for i in range(20000)]
     proposer = PromptLookupProposer(1, 3, 10)
     tokens = list(prompt)
+    seconds = []  # the first step (indexes the prompt), then the other 499 together
     start = time.perf_counter()
     for step in range(500):
+        if step == 1:
+            seconds.append(time.perf_counter() - start)
+            start = time.perf_counter()
         proposal = proposer.propose(StepContext(tokens, step, 1000, set(), Sampler()))
         assert proposer.index.indexed == len(tokens) - 1  # every n-gram but the newest, each indexed once
         tokens += proposal.tokens[:1] + [step % 5000]
-    elapsed = time.perf_counter() - start
-    assert elapsed < 5.0, elapsed  # about 0.2 s; a scan of 20k tokens per step would take far longer
+    seconds.append(time.perf_counter() - start)
+    # measured against the same process's own indexing of the prompt, so a busy or slow machine cannot fail it:
+    # 499 steps cost ~0.3x one indexing here; a scan of the 20k tokens per step would cost ~500x
+    assert seconds[1] < 50 * seconds[0], seconds
 
 
 cases = st.fixed_dictionaries({

@@ -6,7 +6,6 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -18,6 +17,7 @@ from specbench.report.render import render_experiment
 from specbench.report.tables import Entry, build_table, to_csv, to_latex, to_markdown
 
 from .conftest import ROOT, run_cli
+from .limits import generous, wait_for
 
 GOLDEN = Path(__file__).parent / "golden"
 TABLE2 = ["+experiment=ouroboros_table2", "model=tiny_llama", "data=gsm8k", "data.limit=2", "data.max_new_tokens=12"]
@@ -181,7 +181,7 @@ def test_report_logs_a_wandb_report_run_offline(table2_sweep, tmp_path, monkeypa
 
 def report_cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "specbench.report", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=300, env=env)
+                          timeout=generous(300), env=env)
 
 
 def test_report_cli_renders_a_sweep_from_its_overrides_and_logs_to_wandb(table2_sweep, tmp_path):
@@ -259,7 +259,7 @@ def test_notebook_executes_against_tiny_records(table2_sweep, tmp_path):
     old = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     try:
-        NotebookClient(nb, timeout=300, kernel_name="python3",
+        NotebookClient(nb, timeout=generous(300), kernel_name="python3",
                        resources={"metadata": {"path": str(ROOT / "notebooks")}}).execute()
     finally:
         for k, v in old.items():
@@ -312,14 +312,13 @@ def test_killed_sweep_reruns_only_missing_work(tmp_path):
             f"runner.records_dir={records}", f"hydra.sweep.dir={tmp_path / 'multirun'}", "runner.progress=false"]
     proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
-    deadline = time.time() + 240
-    while time.time() < deadline and proc.poll() is None:
-        lookahead = list(records.rglob("lookahead-*.jsonl"))  # the third job of five has started writing
-        if lookahead and lookahead[0].read_text().count("\n") >= 1:
-            break
-        time.sleep(0.01)
+
+    def third_job_writing():  # the third job of five (lookahead) has written a record
+        return any(f.read_text().count("\n") >= 1 for f in records.rglob("lookahead-*.jsonl"))
+
+    wait_for(third_job_writing, proc, "the third job's first record", seconds=240, poll_s=0.01)
     os.killpg(proc.pid, signal.SIGKILL)  # a crash: no cleanup, maybe mid-write
-    proc.wait(timeout=60)
+    proc.wait(timeout=generous(60))
     before = record_lines(records)
     done = {n: rows for n, rows in before.items() if len(rows) == 5 and not n.startswith("greedy")}
     assert any(n.startswith("speculative") for n in done)
@@ -442,7 +441,7 @@ def test_backends_experiment_puts_each_backend_beside_its_bound(tmp_path):
     records = tmp_path / "records"
     sweep = ["model=tiny_gguf", "data=gsm8k", "data.limit=1", "data.max_new_tokens=16", "method=greedy,speculative",
              f"runner.records_dir={records}"]
-    run_cli("-m", "+experiment=backends", *sweep, records_dir=records, timeout=600)
+    run_cli("-m", "+experiment=backends", *sweep, records_dir=records, expect_s=600)
     result = render_experiment("backends", sweep, out=tmp_path / "reports")
     cells = result["experiment"].cells
     assert {c.value("model.backend") for c in cells} == {"transformers", "llamacpp"}

@@ -34,6 +34,7 @@ from .distribution_helpers import (IdsOnlyTokenizer, exact_sequence_distribution
                                    sample_generations, small_vocab_pair)
 from .test_counters import check_counters
 from .test_equivalence import greedy_reference, pair_for
+from .limits import generous
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -344,7 +345,7 @@ def test_the_build_command_writes_a_datastore_the_method_reads(tmp_path):
     corpus.write_text(json.dumps(conversations))
     done = subprocess.run([sys.executable, "-m", "specbench.retrieval", "model=tiny_llama", f"paths.root={tmp_path}",
                            f"datastore.corpus={corpus}", "datastore.limit=2", "datastore.name=small"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+                          cwd=ROOT, capture_output=True, text=True, timeout=generous(120))
     assert done.returncode == 0, done.stderr
     where = tmp_path / "datastores" / "tiny-llama" / "small"
     manifest = json.loads((where / datastore.MANIFEST).read_text())

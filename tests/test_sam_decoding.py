@@ -488,13 +488,19 @@ def test_a_long_prompt_and_a_long_loop_cost_little_per_step():
     prompt = [(i * 7919) % 5000 for i in range(20000)] + [7] * 2000  # a long text, then a loop of period 1
     proposer = SamProposer(10, 1)
     tokens = list(prompt)
+    seconds = []  # the first step (reads the prompt into the automaton), then the other 499 together
     start = time.perf_counter()
     for step in range(500):
+        if step == 1:
+            seconds.append(time.perf_counter() - start)
+            start = time.perf_counter()
         proposal = proposer.propose(StepContext(tokens, step, 1000, set(), Sampler()))
         assert len(proposer.sam.tokens) == len(tokens)  # every committed token read once, never rescanned
         tokens += proposal.tokens[:1] + [step % 5000]
-    elapsed = time.perf_counter() - start
-    assert elapsed < 5.0, elapsed  # about 0.5 s here, with 2 busy cores
+    seconds.append(time.perf_counter() - start)
+    # against the same process's own reading of the prompt (a busy machine slows both): 499 steps cost ~0.3x it
+    # here; rescanning the 22k tokens per step would cost ~500x
+    assert seconds[1] < 50 * seconds[0], seconds
 
 
 def test_sam_eagles_run_key_names_the_heads_weights(tmp_path):

@@ -12,8 +12,10 @@ from specbench.scoring.code import humaneval_program
 from specbench.scoring.sandbox import SandboxLimits, run_program
 
 from .conftest import ROOT
+from .limits import generous
 
-FAST = SandboxLimits(timeout_s=3)
+FAST = SandboxLimits(timeout_s=generous(3))  # a program that ends must never time out, however busy the machine
+LOOPING = SandboxLimits(timeout_s=3)  # for programs that never end: any machine times them out
 
 
 def snapshot(root: Path) -> dict:
@@ -57,7 +59,7 @@ def live_processes_mentioning(text: str) -> list[int]:
 
 
 def test_infinite_loop_is_killed_at_the_timeout(harness_dir):
-    result = run_against(harness_dir, "import os\nprint(os.getcwd(), flush=True)\nwhile True:\n    pass\n")
+    result = run_against(harness_dir, "import os\nprint(os.getcwd(), flush=True)\nwhile True:\n    pass\n", LOOPING)
     assert result.status == "timeout" and "timed out after 3 s" in result.reason
     workdir = result.stdout.split()[0]  # in the guard's command line (its policy), so in every process it made
     assert workdir.startswith("/") and "specbench-sandbox-" in workdir
@@ -65,8 +67,8 @@ def test_infinite_loop_is_killed_at_the_timeout(harness_dir):
 
 
 def test_sleeping_program_is_killed_at_the_wall_clock_timeout(harness_dir):
-    result = run_against(harness_dir, "import time\ntime.sleep(60)", SandboxLimits(timeout_s=1))
-    assert result.status == "timeout" and result.seconds < 10
+    result = run_against(harness_dir, "import time\ntime.sleep(3600)", SandboxLimits(timeout_s=1))
+    assert result.status == "timeout" and result.seconds < generous(10)
 
 
 @pytest.mark.parametrize("source", [
@@ -87,7 +89,7 @@ def test_fork_bomb_and_process_creation_are_refused(harness_dir, source):
     "chunks = []\nwhile True:\n    chunks.append(bytearray(50 * 1024 ** 2))",
 ])
 def test_huge_allocation_fails_with_memory_error(harness_dir, source):
-    result = run_against(harness_dir, source, SandboxLimits(timeout_s=10, memory_mb=512))
+    result = run_against(harness_dir, source, SandboxLimits(timeout_s=generous(10), memory_mb=512))
     assert result.status == "failed" and "MemoryError" in result.reason
 
 
@@ -153,14 +155,14 @@ def test_harness_environment_variables_are_not_passed(harness_dir, monkeypatch):
 
 def test_output_flood_is_capped(harness_dir):
     result = run_against(harness_dir, "import sys\nwhile True:\n    sys.stdout.write('x' * 65536)",
-                         SandboxLimits(timeout_s=10, file_mb=1))
+                         SandboxLimits(timeout_s=generous(10), file_mb=1))
     assert result.status == "failed" and "File too large" in result.reason
     assert len(result.stdout) <= 4000
 
 
 def test_the_harness_keeps_going_after_hostile_programs(harness_dir):
     hostile = ["while True: pass", "import os\nos.fork()", "x = ' ' * (10 ** 11)", "raise SystemExit(3)"]
-    results = [run_against(harness_dir, src, SandboxLimits(timeout_s=2)) for src in hostile]
+    results = [run_against(harness_dir, src, LOOPING if src.startswith("while") else FAST) for src in hostile]
     assert [r.status for r in results] == ["timeout", "failed", "failed", "failed"]
     assert all(r.reason for r in results)
     assert run_against(harness_dir, "assert sum(range(10)) == 45").passed

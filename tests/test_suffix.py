@@ -80,14 +80,20 @@ def test_a_long_prompt_is_inserted_once_not_rebuilt_per_step():
     tokens = list(prompt)
     start = time.perf_counter()
     proposer = method.make_proposer(prompt)
+    seconds = []  # building the prompt's tree and the first step, then the other 299 steps together
     for step in range(300):
+        if step == 1:
+            seconds.append(time.perf_counter() - start)
+            start = time.perf_counter()
         proposal = proposer.propose(StepContext(tokens, step, 1000, set(), Sampler()))
         kept = proposal.tokens[:1] + [step % 5000]
         tokens += kept
         proposer.local_active = proposer.local.extend(proposer.local_active, kept)
-    elapsed = time.perf_counter() - start
+    seconds.append(time.perf_counter() - start)
     assert proposer.local.nodes <= len(tokens) * method.max_depth
-    assert elapsed < 20.0, elapsed  # a few seconds; rebuilding 20k x 24 nodes per step would take minutes
+    # against the same process's own build of the prompt's tree (a busy machine slows both): 299 steps cost ~0.01x
+    # it here; rebuilding the 20k x 24 nodes per step would cost ~300x
+    assert seconds[1] < 30 * seconds[0], seconds
 
 
 # -- speculation -----------------------------------------------------------------------------------------------------

@@ -21,7 +21,7 @@ def records_of(records_dir, method):
 @pytest.fixture(scope="module")
 def tiny_vllm_run(tmp_path_factory):
     records = tmp_path_factory.mktemp("vllm") / "records"
-    proc = run_cli(*TINY, "method=speculative", "runner.batch_size=2", records_dir=records, timeout=600)
+    proc = run_cli(*TINY, "method=speculative", "runner.batch_size=2", records_dir=records, expect_s=600)
     return records, proc
 
 
@@ -51,14 +51,14 @@ def test_vllm_greedy_equals_our_own_greedy_on_the_same_pair(tiny_vllm_run, tmp_p
 def test_vllm_rerun_resumes_without_starting_over(tiny_vllm_run):
     records, _ = tiny_vllm_run
     before = len(records_of(records, "speculative"))
-    proc = run_cli(*TINY, "method=speculative", "runner.batch_size=2", records_dir=records, timeout=600)
+    proc = run_cli(*TINY, "method=speculative", "runner.batch_size=2", records_dir=records, expect_s=600)
     assert "resuming, 3 record(s) kept, 0 to run" in proc.stderr
     assert len(records_of(records, "speculative")) == before
 
 
 def test_vllm_ngram_and_sampling_run(tmp_path):
     proc = run_cli(*TINY, "method=prompt_lookup", "sampling.temperature=0.8", "runner.batch_size=3",
-                   records_dir=tmp_path / "records", timeout=600)
+                   records_dir=tmp_path / "records", expect_s=600)
     ours = records_of(tmp_path / "records", "prompt_lookup")
     assert len(ours) == 3 and all(sum(r["accept_lengths"]) == r["new_tokens"] for r in ours)
     assert "lossless" not in ours[0] and "speedup" in proc.stdout
@@ -91,7 +91,7 @@ def test_vllm_draft_model_on_the_embedded_pair(tmp_path):
                     f"this CPU resolves to), MemAvailable is {free:.0f} GiB")
     proc = run_cli("engine=vllm", "model=embedded", "method=speculative", "data=humaneval", "data.limit=2",
                    "data.max_new_tokens=48", "runner.strict_lossless=false", records_dir=tmp_path / "records",
-                   timeout=1200)
+                   expect_s=1200)
     summary = json.loads(next((tmp_path / "records").rglob("speculative-*.summary.json")).read_text())
     assert summary["identical"] + summary["near_ties"] == 2 and summary["mismatches"] == 0
     assert summary["tau"] > 2.0 and summary["acceptance_rate"] > 0.4, proc.stdout
@@ -105,7 +105,7 @@ def test_vllm_two_turns_in_a_batch_carry_the_first_answer(tmp_path):
 
     overrides = [o for o in TINY if not o.startswith("data")]
     proc = run_cli(*overrides, "method=speculative", "data=mt_bench", "data.limit=2", "data.max_new_tokens=10",
-                   "runner.batch_size=2", records_dir=tmp_path / "records", timeout=600)
+                   "runner.batch_size=2", records_dir=tmp_path / "records", expect_s=600)
     assert "identical to greedy: 2/2" in proc.stdout
     tok = byte_tokenizer()
     for row in records_of(tmp_path / "records", "speculative"):

@@ -11,6 +11,8 @@ from ..errors import ConfigError
 
 def read_rows(path: Path, key: str) -> list[dict]:
     """Rows of a .jsonl / .jsonl.gz / .json (list of objects) file."""
+    if path.is_dir():
+        raise ConfigError(f"{key}: {path} is a directory; give a file in it (.jsonl, .jsonl.gz or .json)")
     if not path.is_file():
         raise ConfigError(f"{key}: file not found: {path}")
     opener = gzip.open if path.suffix == ".gz" else open

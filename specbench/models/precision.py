@@ -14,6 +14,7 @@ fp32 the prepacked path was slower here, so it is never chosen automatically).
 """
 from __future__ import annotations
 
+import functools
 import sys
 from dataclasses import asdict, dataclass
 
@@ -130,9 +131,9 @@ def resolve_precision(dtype: str = "auto", device: str | torch.device = "cpu", l
     elif kernel == "onednn_packed":
         require(dev.type == "cpu", f"{key}.linear_kernel", f"onednn_packed runs on a CPU only, the device is {dev}; "
                                                            "valid here: ['auto', 'torch']")
-        require(packed_linear_available(), f"{key}.linear_kernel",
-                "this torch build has no oneDNN packed linear (torch.ops.mkldnn._linear_pointwise); "
-                "valid: ['auto', 'torch']")
+        missing = packed_linear_missing()
+        require(missing is None, f"{key}.linear_kernel", f"onednn_packed cannot run here: {missing}; "
+                                                         "valid: ['auto', 'torch']")
     return Precision(requested=dtype, dtype=resolved, reason=reason, linear_kernel=kernel, device=str(dev),
                      warning=warning)
 
@@ -148,9 +149,27 @@ def precision_of_config(model_cfg) -> Precision:
 
 
 def packed_linear_available() -> bool:
+    return packed_linear_missing() is None
+
+
+@functools.cache
+def packed_linear_missing() -> str | None:
+    """None where oneDNN's prepacked bf16 linear runs on this machine, else why not, in words.
+
+    Asked of torch by packing and applying a 2x2 bf16 weight once per process: the ops exist in every x86
+    build, but oneDNN's bf16 reorder needs AVX-512 BW/VL/DQ or AVX-NE-CONVERT and raises on other CPUs
+    (an AVX2-only Zen 3, say), so their presence alone proves nothing."""
     mkldnn = getattr(torch.ops, "mkldnn", None)
-    return (torch.backends.mkldnn.is_available() and hasattr(mkldnn, "_reorder_linear_weight")
-            and hasattr(mkldnn, "_linear_pointwise"))
+    if not (torch.backends.mkldnn.is_available() and hasattr(mkldnn, "_reorder_linear_weight")
+            and hasattr(mkldnn, "_linear_pointwise")):
+        return "this torch build has no oneDNN packed linear (torch.ops.mkldnn._linear_pointwise)"
+    try:
+        packed = mkldnn._reorder_linear_weight(torch.eye(2, dtype=torch.bfloat16), 1)
+        mkldnn._linear_pointwise(torch.ones(1, 2, dtype=torch.bfloat16), packed, None, "none", [], "")
+    except RuntimeError as exc:
+        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        return f"this CPU cannot run oneDNN's bf16 weight packing (torch: {first_line})"
+    return None
 
 
 def announce(precision: Precision, role: str = "") -> None:
