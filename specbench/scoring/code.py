@@ -7,6 +7,8 @@ it defines the entry point it follows the prompt and so replaces the prompt's st
 """
 from __future__ import annotations
 
+import ast
+import builtins
 import re
 
 from .registry import mean_percent, register
@@ -47,12 +49,28 @@ def mbpp_program(completion: str, tests: list[str], setup: str = "", imports: li
     code = fenced_code(completion)
     code = truncate_at_stop(completion, stop) if code is None else code
     header = "\n".join([*(imports or []), setup or ""]).strip()
-    return [("solution", f"{header}\n{code}\n"), ("tests", "\n".join([*(imports or []), *tests]) + "\n")]
+    # the setup in both stages: the tests use their own copy of what it defines (sandbox_values.py)
+    return [("solution", f"{header}\n{code}\n"), ("tests", "\n".join([header, *tests]).lstrip("\n") + "\n")]
 
 
-def _execute(program: list[tuple[str, str]], timeout_s: float, memory_mb: int, isolate_network: bool) -> dict:
+def mbpp_functions_under_test(reference_code: str | None, tests: list[str]) -> tuple[str, ...]:
+    """The functions an MBPP row's tests call: those its reference solution defines at top level, else (no
+    reference) every name the tests call that is not a builtin. They may carry a builtin's name (run_program)."""
+    try:
+        if reference_code:
+            tree = ast.parse(reference_code)
+            return tuple(n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef)))
+        tree = ast.parse("\n".join(tests))
+    except SyntaxError:
+        return ()
+    called = {n.func.id for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
+    return tuple(sorted(called - set(dir(builtins))))
+
+
+def _execute(program: list[tuple[str, str]], timeout_s: float, memory_mb: int, isolate_network: bool,
+             entry_points: tuple[str, ...]) -> dict:
     limits = SandboxLimits(timeout_s=timeout_s, memory_mb=memory_mb, isolate_network=isolate_network)
-    result = run_program(program, limits)
+    result = run_program(program, limits, entry_points=entry_points)
     return {"pass": float(result.passed), "status": result.status, "reason": result.reason,
             "isolation": result.isolation, "proof": result.proof}
 
@@ -69,7 +87,7 @@ def humaneval_pass(outputs: list[str], example, stop=HUMANEVAL_STOP, timeout_s: 
     row = example.row
     _require(row, ("prompt", "test", "entry_point"), example.id)
     program = humaneval_program(row["prompt"], outputs[-1], row["test"], row["entry_point"], stop)
-    return _execute(program, timeout_s, memory_mb, isolate_network)
+    return _execute(program, timeout_s, memory_mb, isolate_network, (row["entry_point"],))
 
 
 @register("mbpp_pass", primary="pass@1", aggregate=mean_percent(**{"pass@1": "pass"}))
@@ -78,4 +96,5 @@ def mbpp_pass(outputs: list[str], example, stop=MBPP_STOP, timeout_s: float = 10
     row = example.row
     _require(row, ("test_list",), example.id)
     program = mbpp_program(outputs[-1], row["test_list"], row.get("test_setup_code", ""), row.get("test_imports"), stop)
-    return _execute(program, timeout_s, memory_mb, isolate_network)
+    return _execute(program, timeout_s, memory_mb, isolate_network,
+                    mbpp_functions_under_test(row.get("code"), row["test_list"]))

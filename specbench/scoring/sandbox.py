@@ -18,10 +18,10 @@ A pass needs proof that the last stage (the tests) ran to its end: a random toke
 child through a pipe, which the guard writes back only after the tests returned. Exit status 0 — from
 ``sys.exit(0)``, ``os._exit(0)`` or an ``atexit`` handler — is not a pass.
 
-What it is not: a defence against a program that makes its own answer look right (an object whose
-``__eq__`` always says True, a patched ``math.isclose``); the tests decide, and they can be fooled the way
-the reference harnesses can. Benchmarks that execute untrusted code at scale belong in a container or VM
-as a whole.
+The tests cannot be fooled by what the program returns (``sandbox_values.py``): modules are restored to their
+state before it ran, and the tests see its functions only through a wrapper that lets exact built-in values
+through (no object whose ``__eq__`` always says True, no ``int`` subclass). Benchmarks that execute untrusted
+code at scale belong in a container or VM as a whole.
 """
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 GUARD_SOURCE = "\n".join(Path(__file__).with_name(name).read_text(encoding="utf-8")
-                         for name in ("sandbox_isolation.py", "sandbox_guard.py"))
+                         for name in ("sandbox_isolation.py", "sandbox_values.py", "sandbox_guard.py"))
 PROTECTED_PATHS: set[Path] = set()  # records directories of this process (protect_path)
 TAIL_BYTES = 2000
 
@@ -117,10 +117,12 @@ def _reason(returncode: int, stderr: str, limits: SandboxLimits) -> str:
 
 
 def run_program(program: str | list[tuple[str, str]], limits: SandboxLimits = SandboxLimits(),
-                deny_read: tuple[Path, ...] = ()) -> ExecutionResult:
-    """Execute ``program`` under the sandbox: one source, or named stages run in order in one namespace
-    (each compiled on its own, so a stage cannot swallow the next one into a string or a bracket). Passed
-    means the last stage returned — proven by a token only the guard holds — not an exit status."""
+                deny_read: tuple[Path, ...] = (), entry_points: tuple[str, ...] = ()) -> ExecutionResult:
+    """Execute ``program`` under the sandbox: one source, or named stages run in order (each compiled on its
+    own, so a stage cannot swallow the next one into a string or a bracket); every stage after the first sees
+    the first's names only as exact built-in values (sandbox_values.py); ``entry_points``: the functions under
+    test, which may have a builtin's name. Passed means the last stage returned — proven by a token only the
+    guard holds — not an exit status."""
     stages = [("program", program)] if isinstance(program, str) else list(program)
     workdir = Path(tempfile.mkdtemp(prefix="specbench-sandbox-"))
     report_r, report_w = os.pipe()
@@ -139,7 +141,7 @@ def run_program(program: str | list[tuple[str, str]], limits: SandboxLimits = Sa
             "workdir": str(workdir), "stages": paths, "report_fd": report_w, "proof_fd": proof_r,
             "memory_bytes": limits.memory_mb << 20, "cpu_seconds": int(limits.timeout_s) + 1,
             "file_bytes": limits.file_mb << 20, "open_files": limits.open_files, "processes": limits.processes,
-            "isolate_network": limits.isolate_network,
+            "isolate_network": limits.isolate_network, "entry_points": list(entry_points),
             "deny_read": harness_paths(tuple(Path(p).resolve() for p in deny_read)),
             "allow_read": stdlib_paths() + [str(workdir)],
         }

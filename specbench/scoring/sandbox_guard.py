@@ -12,8 +12,9 @@ reads the harness's files), with one JSON argument holding the policy. In order 
    signals, sockets, native code, frame and garbage-collector introspection (the ways to reach the
    token), file changes outside the sandbox directory (also through a directory descriptor) and reads of
    the harness's directories, and removes the calls that raise no audit event (mknod, mkfifo, pidfd);
-5. runs the stages in order in one namespace (the tests with the builtins as they were before the
-   solution ran), and only when the last one returned writes the token to the report pipe and exits.
+5. runs the stages in order: the solution, then (modules restored, sandbox_values.py) the tests in a namespace of
+   their own, with the builtins as they were before the solution ran and the solution's values checked to be
+   exact built-ins; only when the last one returned with nothing refused writes the token and exits.
 A pass is that token; an exit status (0 from ``sys.exit``, ``os._exit``, an ``atexit`` handler) proves nothing.
 """
 import json
@@ -198,6 +199,9 @@ def main():
     own_proc = ("/proc/self", "/proc/thread-self", f"/proc/{os.getpid()}")  # the pid in its own namespace
     sys.addaudithook(make_audit_hook(WORKDIR, DENY_READ, ALLOW_READ, own_proc))
     active.append("audit-hook")
+    guarded, refusals = make_checker()  # noqa: F821 - sandbox_values.py, whose source runs before this one
+    active.extend(CHECKED_LAYERS)  # noqa: F821
+    entry_points = frozenset(POLICY["entry_points"])
     report_fd = POLICY["report_fd"]
     write(report_fd, (json.dumps(active) + "\n").encode())
     module = types.ModuleType("__main__")  # the program's own __main__, not this guard's
@@ -205,11 +209,16 @@ def main():
     sys.modules["__main__"] = module
     namespace = module.__dict__
     sys.argv[:] = [POLICY["stages"][0][1]]
+    modules = snapshot_modules()  # noqa: F821
     for i, (stage, code) in enumerate(stages):
-        if i:
-            namespace["__builtins__"] = dict(pristine_builtins)
         try:
+            if i:  # the tests: modules as they were, only exact built-in values from the solution (sandbox_values.py)
+                restore_modules(modules)  # noqa: F821
+                namespace = tests_namespace(namespace, code, pristine_builtins, entry_points,  # noqa: F821
+                                            guarded, refusals)
             run(code, namespace)
+            if refusals:  # raised inside the tests, which may have caught it: the run fails all the same
+                raise TypeError("blocked by the sandbox: " + refusals[0])
         except BaseException as exc:  # noqa: BLE001 - SystemExit included: tests that did not finish failed
             try:
                 flush_streams()
