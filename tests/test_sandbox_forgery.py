@@ -84,6 +84,8 @@ FAKE_PATTERN = "P = type('P', (), {'fullmatch': lambda self, s: True})\n"  # no 
      "math.isclose(candidate(1), 2.0)"),
     ("import cmath\ncmath.isclose = lambda *a, **k: True", "cmath.isclose(candidate(1), 2.0)"),  # not preloaded
     ("abs = lambda x: 0", "abs(candidate(1) - 2.0) < 1e-9"),  # a builtin the tests use, rebound
+    ("def f(x):\n    import math\n    math.isclose = lambda *a, **k: True\n    return 0.0",  # patched when called
+     "math.isclose(candidate(1), 2.0)"),
     ("import builtins\nbuiltins.abs = lambda x: 0", "abs(candidate(1) - 2.0) < 1e-9"),
 ])
 def test_modules_and_builtins_the_tests_use_are_the_pristine_ones(patch, test):
@@ -91,6 +93,14 @@ def test_modules_and_builtins_the_tests_use_are_the_pristine_ones(patch, test):
            "test": f"import cmath, math, re, statistics\n\ndef check(candidate):\n    assert {test}\n"}
     assert humaneval_score("    return x + 1.0\n", row)["pass"] == 1.0  # honest: passes
     assert humaneval_score(f"    return 0.0\n{patch}\n", row)["pass"] == 0.0, patch
+
+
+def test_a_thread_cannot_start():  # it could swap a forged value in, or patch a module, after the checks
+    row = {"task_id": "X/3", "prompt": "def f():\n", "entry_point": "f",
+           "test": "def check(candidate):\n    assert candidate() == 1\n"}
+    started = "    import _thread\n    _thread.start_new_thread(lambda: None, ())\n    return 1\n"
+    result = humaneval_score(started, row)
+    assert result["pass"] == 0.0 and "blocked by the sandbox: starting a thread" in result["reason"], result
 
 
 def test_honest_nested_builtin_values_pass():

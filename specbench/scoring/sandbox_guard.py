@@ -71,6 +71,9 @@ REFUSED_IMPORTS = {"ctypes", "_ctypes", "cffi", "_posixsubprocess", "multiproces
                    "posix", "os", "signal", "_signal", "sys", "builtins", "_thread"}  # the last: fresh copies
 # Calls that change files but raise no audit event, or signal without one: removed before the program runs.
 UNAUDITED = {"os": ("mknod", "mkfifo", "pidfd_open", "chroot"), "signal": ("pidfd_send_signal",)}
+# Threads raise no audit event either; one could change a module, or a value the tests hold, after the checks
+# (sandbox_values.py): starting one is refused (``import threading`` still works).
+THREAD_STARTERS = ("start_new_thread", "start_new", "start_joinable_thread")
 # Events whose path arguments must stay inside the sandbox directory: (path position, its dir_fd position).
 CHANGES = {
     "os.remove": ((0, 1),), "os.rmdir": ((0, 1),), "os.rename": ((0, 2), (1, 3)), "os.replace": ((0, 2), (1, 3)),
@@ -161,10 +164,23 @@ def disarm_modules():
          "def caller(depth=1, default='__main__'):\n"  # typing's would read its caller's frame
          "    return default\n"
          "def make_namedtuple(*args, module='__main__', _original=namedtuple, **kwargs):\n"
-         "    return _original(*args, module=module, **kwargs)\n", replacements)
+         "    return _original(*args, module=module, **kwargs)\n"
+         "def no_threads(*_, **__):\n"
+         "    raise PermissionError('blocked by the sandbox: starting a thread')\n", replacements)
     signal.signal = sys.modules["_signal"].signal = replacements["no_handlers"]
     typing._caller = replacements["caller"]
     collections.namedtuple = replacements["make_namedtuple"]
+    for name in THREAD_STARTERS:
+        if hasattr(sys.modules["_thread"], name):
+            setattr(sys.modules["_thread"], name, replacements["no_threads"])
+
+def restore_after_call(modules):
+    restore = restore_modules  # noqa: F821 - sandbox_values.py
+
+    def after_call():
+        restore(modules)
+    return after_call
+
 
 def read_stages():
     stages = []
@@ -215,7 +231,7 @@ def main():
             if i:  # the tests: modules as they were, only exact built-in values from the solution (sandbox_values.py)
                 restore_modules(modules)  # noqa: F821
                 namespace = tests_namespace(namespace, code, pristine_builtins, entry_points,  # noqa: F821
-                                            guarded, refusals)
+                                            guarded, refusals, restore_after_call(modules))
             run(code, namespace)
             if refusals:  # raised inside the tests, which may have caught it: the run fails all the same
                 raise TypeError("blocked by the sandbox: " + refusals[0])
