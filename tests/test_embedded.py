@@ -55,3 +55,4 @@ def test_embedded_humaneval_completion_passes_in_the_sandbox(tmp_path):
     assert record["prompt_id"] == "HumanEval/0"
     assert record["score"]["values"]["pass"] == 1.0, record["output_text"]
     assert "audit-hook" in record["score"]["values"]["isolation"]
+    assert record["score"]["values"]["return_types"] == "builtin-exact"

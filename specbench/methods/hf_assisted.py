@@ -36,7 +36,7 @@ class CallCounter:
     def _count(self, _module, args, kwargs):
         ids = kwargs.get("input_ids", args[0] if args else None)
         self.sizes.append(int(ids.shape[-1]) if ids is not None else 0)
-        cache = kwargs.get("cache", kwargs.get("past_key_values"))  # transformers 5.20+ / before
+        cache = kwargs.get("cache", kwargs.get("past_key_values"))  # transformers 5.24+ / before
         self.cached.append(int(cache.get_seq_length()) if cache is not None else 0)
 
     def __exit__(self, *_):

@@ -1,10 +1,10 @@
 """What this transformers version calls the KV cache, in one place.
 
-transformers 5.20 renamed the cache argument and output field ``past_key_values`` to ``cache`` (the old name is
-deprecated there, with a FutureWarning on every call, and goes in 5.40); the CPU lock (constraints-cpu.txt) names
-an earlier 5.x, a GPU install gets the newest. Every call into transformers that passes or reads a cache goes
-through these helpers, so the code runs on both sides of the rename without the warning
-(tests/test_transformers_versions.py).
+transformers 5.24 renamed the cache argument and output field ``past_key_values`` to ``cache`` (the old name is
+deprecated there, with a FutureWarning on every call, and goes in 5.40; 5.20-5.23 still use the old one); the CPU
+lock (constraints-cpu.txt) names 5.19, a GPU install gets the newest. Every call into transformers that passes or
+reads a cache goes through these helpers, so the code runs on both sides of the rename without the warning
+(tests/test_dependencies.py here; ``make test-newest`` on the newest 5.x).
 """
 from __future__ import annotations
 

@@ -1,20 +1,26 @@
 """The code that runs in a sandboxed child before the model-written program; never imported by the harness.
 
-Its source follows ``sandbox_isolation.py``'s in one ``python -I -S -c`` argument (so the child never
-reads the harness's files), with one JSON argument holding the policy. In order it
+Its source follows ``sandbox_isolation.py``'s, ``sandbox_values.py``'s and ``sandbox_pristine.py``'s in one
+``python -I -S -c`` argument (so the child never reads the harness's files), with one JSON argument holding
+the policy. In order it
 1. reads the run's proof token from a pipe and closes it (the token is never in argv, the environment or
    a file, and lives only in a local variable of ``main``);
 2. sets up operating-system isolation (``isolate_process``) and resource limits;
-3. compiles every stage (the solution, then its tests) before any of them runs, and keeps its own
-   references to what it needs afterwards (``exec``, ``os.write``, ``os._exit``), so a program that
-   replaces builtins or module functions cannot skip the tests;
+3. compiles every stage (the solution, then its tests) before any of them runs and removes their files
+   (the tests' file holds their answers), and keeps its own references to what it needs afterwards
+   (``exec``, ``os.write``, ``os._exit``), so a program that replaces builtins or module functions cannot
+   skip the tests;
 4. installs a Python audit hook (PEP 578; hooks cannot be removed) that refuses process creation,
    signals, sockets, native code, frame and garbage-collector introspection (the ways to reach the
-   token), file changes outside the sandbox directory (also through a directory descriptor) and reads of
-   the harness's directories, and removes the calls that raise no audit event (mknod, mkfifo, pidfd);
-5. runs the stages in order: the solution, then (modules restored, sandbox_values.py) the tests in a namespace of
-   their own, with the builtins as they were before the solution ran and the solution's values checked to be
-   exact built-ins; only when the last one returned with nothing refused writes the token and exits.
+   token), further audit hooks, file changes outside the sandbox directory (also through a directory
+   descriptor) and reads of the harness's directories, and removes the calls that raise no audit event
+   (mknod, mkfifo, pidfd);
+5. runs the stages in order. Without entry points they share one namespace (the tests with the builtins as
+   they were before the solution ran). With entry points (HumanEval's, MBPP's) the stages after the solution
+   run in a namespace of their own, against the entry points wrapped, with the standard library put back
+   after every call and every returned value checked (``sandbox_pristine.py``, ``sandbox_values.py``); the
+   report says so (``returns builtin-exact``), and a refused value ends the run (``refused <why>``).
+   Only when the last stage returned does it write the token to the report pipe and exit.
 A pass is that token; an exit status (0 from ``sys.exit``, ``os._exit``, an ``atexit`` handler) proves nothing.
 """
 import json
@@ -65,14 +71,17 @@ REFUSED = {
     "ctypes.dlsym", "os.setuid", "os.setgid", "sys.remote_exec", "webbrowser.open", "sys._getframe",
     "sys._current_frames", "sys._current_exceptions", "sys.settrace", "sys.setprofile", "gc.get_objects",
     "gc.get_referrers", "gc.get_referents",
+    "sys.addaudithook", "sys.monitoring.register_callback",  # code that would run inside the tests' own steps
 }
 FRAME_ATTRIBUTES = {"tb_frame", "gi_frame", "cr_frame", "ag_frame", "f_code", "f_back", "f_locals"}
+# What makes a standard-library function do something else under the same name: refused for those functions.
+FUNCTION_INTERNALS = {"__code__", "__defaults__", "__kwdefaults__"}
 REFUSED_IMPORTS = {"ctypes", "_ctypes", "cffi", "_posixsubprocess", "multiprocessing", "_multiprocessing",
                    "posix", "os", "signal", "_signal", "sys", "builtins", "_thread"}  # the last: fresh copies
 # Calls that change files but raise no audit event, or signal without one: removed before the program runs.
 UNAUDITED = {"os": ("mknod", "mkfifo", "pidfd_open", "chroot"), "signal": ("pidfd_send_signal",)}
-# Threads raise no audit event either; one could change a module, or a value the tests hold, after the checks
-# (sandbox_values.py): starting one is refused (``import threading`` still works).
+# Starting a thread raises no audit event either, and a thread could change a module or a value the tests hold
+# after the checks (its count right after the start can still be 0): refused (``import threading`` still works).
 THREAD_STARTERS = ("start_new_thread", "start_new", "start_joinable_thread")
 # Events whose path arguments must stay inside the sandbox directory: (path position, its dir_fd position).
 CHANGES = {
@@ -96,14 +105,16 @@ def refuse(what):
     raise PermissionError(f"blocked by the sandbox: {what}")
 
 
-def make_audit_hook(workdir, deny_read, allow_read, own_proc):
+def make_audit_hook(workdir, deny_read, allow_read, own_proc, library_functions):
     """The policy as a closure: every name the hook uses is bound here, so nothing the program rebinds
     later (this module's globals, were it to reach them) changes it. The event-name checks — process
     creation, signals, sockets, native code, frames — depend on nothing else; the path checks call
-    ``os.path`` functions the program could replace, which is why the read-only mounts exist."""
+    ``os.path`` functions the program could replace, which is why the read-only mounts exist.
+    ``library_functions`` (ids) is filled later, once the standard library's snapshot is taken."""
     refuse, under, resolve, isdir = globals()["refuse"], globals()["under"], globals()["resolve"], os.path.isdir
     refused, frame_attributes = frozenset(REFUSED), frozenset(FRAME_ATTRIBUTES)
-    refused_imports = frozenset(REFUSED_IMPORTS)
+    refused_imports, function_internals = frozenset(REFUSED_IMPORTS), frozenset(FUNCTION_INTERNALS)
+    identity = id  # the program may replace builtins.id; the hook keeps its own
     changes, reads, secret_proc, write_flags = dict(CHANGES), dict(READS), frozenset(SECRET_PROC), WRITE_FLAGS
 
     def check_read(event, path):
@@ -118,6 +129,8 @@ def make_audit_hook(workdir, deny_read, allow_read, own_proc):
             refuse(event)
         if event == "object.__getattr__" and args[1] in frame_attributes:
             refuse(f"reading {args[1]}")
+        if event == "object.__setattr__" and args[1] in function_internals and identity(args[0]) in library_functions:
+            refuse(f"replacing {args[1]} of a standard-library function")
         if event == "import" and args[0].split(".")[0] in refused_imports:
             refuse(f"import {args[0]}")
         if event in changes:
@@ -163,10 +176,10 @@ def disarm_modules():
          "    raise PermissionError('blocked by the sandbox: signal.signal')\n"
          "def caller(depth=1, default='__main__'):\n"  # typing's would read its caller's frame
          "    return default\n"
-         "def make_namedtuple(*args, module='__main__', _original=namedtuple, **kwargs):\n"
-         "    return _original(*args, module=module, **kwargs)\n"
          "def no_threads(*_, **__):\n"
-         "    raise PermissionError('blocked by the sandbox: starting a thread')\n", replacements)
+         "    raise PermissionError('blocked by the sandbox: starting a thread')\n"
+         "def make_namedtuple(*args, module='__main__', _original=namedtuple, **kwargs):\n"
+         "    return _original(*args, module=module, **kwargs)\n", replacements)
     signal.signal = sys.modules["_signal"].signal = replacements["no_handlers"]
     typing._caller = replacements["caller"]
     collections.namedtuple = replacements["make_namedtuple"]
@@ -174,19 +187,13 @@ def disarm_modules():
         if hasattr(sys.modules["_thread"], name):
             setattr(sys.modules["_thread"], name, replacements["no_threads"])
 
-def restore_after_call(modules):
-    restore = restore_modules  # noqa: F821 - sandbox_values.py
-
-    def after_call():
-        restore(modules)
-    return after_call
-
-
 def read_stages():
     stages = []
     for name, path in POLICY["stages"]:
         with open(path, encoding="utf-8") as fh:
-            stages.append((name, compile(fh.read(), path, "exec")))
+            source = fh.read()
+        os.remove(path)  # compiled here; left in the directory, the tests' file would hand a program their answers
+        stages.append((name, compile(source, path, "exec"), source))
     return stages
 
 
@@ -202,6 +209,19 @@ def describe(stage, exc):
     return f"{type(exc).__name__}: {message} ({stage}, line {line})"
 
 
+def make_fail(write, report_fd, exit_now):
+    """End the run as refused: the reason on the report pipe (and stderr), exit status 1, no proof."""
+    def fail(reason):
+        try:
+            line = reason.encode("utf-8", "replace")
+            write(report_fd, b"refused " + line + b"\n")
+            write(2, b"refused by the sandbox: " + line + b"\n")
+        finally:
+            exit_now(1)
+
+    return fail
+
+
 def main():
     with os.fdopen(POLICY["proof_fd"], "rb") as fh:
         token = fh.read()
@@ -209,15 +229,16 @@ def main():
     isolate_process(POLICY, active)  # noqa: F821 - defined in sandbox_isolation.py, whose source runs before this one
     set_limits(active)
     stages = read_stages()
+    entry_points = POLICY.get("entry_points")  # name -> "checked" | "argument"; None: one shared namespace
     run, write, exit_now, err, explain, flush_streams = exec, os.write, os._exit, sys.stderr, describe, flush
     pristine_builtins = dict(vars(__builtins__) if isinstance(__builtins__, types.ModuleType) else __builtins__)
+    if entry_points is not None:
+        import_test_modules([source for _, _, source in stages[1:]])  # noqa: F821 - sandbox_pristine.py
     disarm_modules()
     own_proc = ("/proc/self", "/proc/thread-self", f"/proc/{os.getpid()}")  # the pid in its own namespace
-    sys.addaudithook(make_audit_hook(WORKDIR, DENY_READ, ALLOW_READ, own_proc))
+    library_functions = set()
+    sys.addaudithook(make_audit_hook(WORKDIR, DENY_READ, ALLOW_READ, own_proc, library_functions))
     active.append("audit-hook")
-    guarded, refusals = make_checker()  # noqa: F821 - sandbox_values.py, whose source runs before this one
-    active.extend(CHECKED_LAYERS)  # noqa: F821
-    entry_points = frozenset(POLICY["entry_points"])
     report_fd = POLICY["report_fd"]
     write(report_fd, (json.dumps(active) + "\n").encode())
     module = types.ModuleType("__main__")  # the program's own __main__, not this guard's
@@ -225,16 +246,18 @@ def main():
     sys.modules["__main__"] = module
     namespace = module.__dict__
     sys.argv[:] = [POLICY["stages"][0][1]]
-    modules = snapshot_modules()  # noqa: F821
-    for i, (stage, code) in enumerate(stages):
+    if entry_points is not None:
+        tests_see = checked_run(namespace, entry_points, pristine_builtins, library_functions,
+                                make_fail(write, report_fd, exit_now))
+    for i, (stage, code, _) in enumerate(stages):
+        if i and entry_points is not None:
+            if i == 1:
+                namespace = tests_see()
+                write(report_fd, b"returns builtin-exact\n")
+        elif i:
+            namespace["__builtins__"] = dict(pristine_builtins)
         try:
-            if i:  # the tests: modules as they were, only exact built-in values from the solution (sandbox_values.py)
-                restore_modules(modules)  # noqa: F821
-                namespace = tests_namespace(namespace, code, pristine_builtins, entry_points,  # noqa: F821
-                                            guarded, refusals, restore_after_call(modules))
             run(code, namespace)
-            if refusals:  # raised inside the tests, which may have caught it: the run fails all the same
-                raise TypeError("blocked by the sandbox: " + refusals[0])
         except BaseException as exc:  # noqa: BLE001 - SystemExit included: tests that did not finish failed
             try:
                 flush_streams()
@@ -245,6 +268,27 @@ def main():
     flush_streams()
     write(report_fd, b"proof " + token + b"\n")
     exit_now(0)
+
+
+def checked_run(solution, entry_points, pristine_builtins, library_functions, fail):
+    """Snapshot the standard library (now, before the solution runs) and return what builds the tests'
+    namespace once it has run (``sandbox_pristine.py``)."""
+    import collections
+
+    keep = [].append  # everything the program handed over or a restore removed: alive until the process ends
+    restore, function_ids = pristine_library(solution, keep)  # noqa: F821 - sandbox_pristine.py
+    library_functions.update(function_ids)
+    module_ids = {id(m) for m in sys.modules.values()}
+    values = make_value_copier(collections.Counter, collections.OrderedDict,  # noqa: F821 - sandbox_values.py
+                               collections.defaultdict)
+    after_call = make_after_call(restore, fail)  # noqa: F821 - sandbox_pristine.py
+
+    def tests_see():
+        after_call("the solution")
+        return tests_namespace(solution, entry_points, dict(pristine_builtins), values,  # noqa: F821
+                               after_call, fail, keep, module_ids)
+
+    return tests_see
 
 
 def flush():

@@ -1,209 +1,128 @@
-"""What the tests stage sees of the solution: pristine modules, and only values of exact built-in types.
+"""What a checked entry point may hand the tests: values made of exact built-in types, as a fresh copy;
+and what the tests' own arguments must still be made of after a call.
 
-Part of the sandboxed child's source (after ``sandbox_isolation.py``, before ``sandbox_guard.py``; never imported
-by the harness). The tests decide a pass by comparing what the solution returns, so a solution could make its
-own answer look right: return an object whose ``__eq__`` always says True (or an ``int`` / ``str`` / ``list``
-subclass doing the same), patch ``math.isclose`` or ``re.match`` for the tests, or shadow a builtin the tests
-use (``abs = lambda x: 0``). Between the stages the guard therefore
-1. restores every module to what it was before the solution ran (``snapshot_modules`` / ``restore_modules``):
-   each module's attributes, the contents of the dicts, lists and sets it holds (``re``'s compiled-pattern
-   cache, ``sys.modules``), its Python functions' code and defaults, and its classes' attributes; modules the
-   solution imported first are dropped, so the tests import fresh copies;
-2. runs the tests in a namespace of their own (``tests_namespace``): the builtins as they were before the
-   solution ran, and of the solution's names only those the tests' code mentions; a builtin's name the
-   solution rebound is dropped (unless it is the function under test), a module is the restored one, a
-   callable is wrapped so that every value it returns, and every list / dict / set argument it was given, is
-   checked before the tests see it: exact built-in types only (``type(x) is int``, not a subclass),
-   recursively through lists, tuples, dicts (keys and values), sets and frozensets; any other value is refused,
-   the run fails with the reason, even if the tests catch the exception. The tests receive fresh copies (the
-   solution keeps no reference to what they compare), and after every call the modules are restored again.
-Threads cannot start (sandbox_guard.py), so nothing of the solution runs between its calls but finalizers.
-What stays possible: a finalizer (``__del__``, a weakref callback) of the solution's that runs during the tests
-and patches a module again; stdlib state held deeper than one level (an attribute of an object a module holds).
+Part of the sandboxed child's source (``sandbox.py`` joins the files of ``GUARD_SOURCE``); never imported.
+The tests compare what the program returns with ``==``, and a comparison runs the ``__eq__`` of whatever
+the program returned: an object whose ``__eq__`` always says True, an ``int`` or ``str`` subclass doing the
+same, a list holding such an object or a dict keyed by one passes any test. Exact built-in types compare
+in C, whatever the program does, so every value reachable from a returned value must be of one of them —
+``type(x) is int``, never ``isinstance``: a subclass is refused. Three dict types of ``collections``
+(``Counter``, ``OrderedDict``, ``defaultdict``) are let through as well: reference solutions return them
+(MBPP 40, 88, 653, 902) and compare them with dict literals; the classes must be the ones that existed
+before the program ran (their attributes are put back after every call, ``sandbox_pristine.py``); a
+``defaultdict``'s factory is kept only when it is a built-in type (``int``, ``list``: a factory of the
+program's would run its code when the tests read a missing key), else the copy has none.
+
+The tests get a copy built here, which the program holds no reference to, so nothing it left behind can
+change the value between this check and the comparison. Every step is iterative, visits each container
+once (shared parts and cycles through lists and dicts are copied as such) and runs no code of the program:
+types are compared by identity (a class can define ``__eq__`` and ``__hash__`` on its metaclass), names
+are read through ``type``'s own descriptors. Identity keys are ``object.__hash__`` (the address, rotated:
+unique among live objects), not ``id``, which raises an audit event, and so calls the guard's hook, per call.
+
+The arguments the tests pass are theirs, and the program can put a forged object into them (``xs[:] =
+[AlwaysEqual()]`` before the tests compare ``xs``): an argument made of built-in types before a call must
+still be after it (``check_value``; the program can change it only while it is called).
 """
-import sys
-import types
-
-SCALAR_TYPES = (int, float, complex, bool, str, bytes, type(None))  # immutable; with the containers below, the
-EXACT_TYPES = (*SCALAR_TYPES, list, tuple, dict, set, frozenset)      # values the tests may receive
-CHECKED_LAYERS = ["pristine-modules", "exact-builtin-returns"]
-
-# The checker and the wrapper are made in a namespace of their own: a function defined in this file would hand
-# whoever reaches it the guard's globals through __globals__. Types are compared by identity (``id``): a class
-# with a metaclass can make ``==`` and ``hash`` on itself say anything.
-CHECKER_SOURCE = '''
-class Refused(Exception):
-    pass
 
 
-def fresh_copy(value, memo, _type=type, _id=id, _scalars=frozenset(map(id, SCALAR_TYPES)), _list=list,
-               _tuple=tuple, _dict=dict, _set=set, _frozenset=frozenset):
-    """A copy of ``value`` built anew from exact built-in types (``memo``: id -> copy, for shared parts and
-    cycles), or Refused(the first other type met). The caller never holds anything the solution can reach."""
-    kind = _type(value)
-    if _id(kind) in _scalars:
-        return value  # immutable, and of an exact built-in type: its comparisons are the interpreter's own
-    if _id(value) in memo:
-        return memo[_id(value)]
-    if kind is _list:
-        copy = memo[_id(value)] = []
-        copy.extend([fresh_copy(item, memo) for item in _list.copy(value)])
-    elif kind is _dict:
-        copy = memo[_id(value)] = {}
-        for key, item in _list(_dict.items(value)):
-            copy[fresh_copy(key, memo)] = fresh_copy(item, memo)
-    elif kind is _set:
-        copy = memo[_id(value)] = set()
-        copy.update([fresh_copy(item, memo) for item in _list(value)])
-    elif kind is _tuple or kind is _frozenset:
-        copy = kind([fresh_copy(item, memo) for item in value])
-    else:
-        raise Refused(kind)
-    return copy
+def make_value_copier(counter, ordered_dict, default_dict):
+    """``(copy_value, check_value)``: ``copy_value(x) -> (copy, None)``, or ``(None, what was refused)``;
+    ``check_value(x)`` -> what would be refused, or None. The classes are bound now, before the program runs,
+    like every name they use."""
+    key = object.__hash__
+    scalars = {key(t) for t in (int, float, complex, bool, str, bytes, type(None))}
+    # container type -> (mutable, how to read its items, how to make an empty copy)
+    kinds = {key(list): (True, None, list), key(dict): (True, dict.items, dict), key(set): (True, None, set),
+             key(tuple): (False, None, tuple), key(frozenset): (False, None, frozenset),
+             key(counter): (True, dict.items, counter), key(ordered_dict): (True, ordered_dict.items, ordered_dict),
+             key(default_dict): (True, dict.items, None)}
+    factories = {key(t) for t in (int, float, complex, bool, str, bytes, list, tuple, dict, set, frozenset)}
+    dicts = {key(dict), key(counter), key(ordered_dict), key(default_dict)}
+    _type, _len, _list, _str, _range = type, len, list, str, range
+    type_name, type_module = type.__dict__["__name__"].__get__, type.__dict__["__module__"].__get__
 
+    def factory(x):
+        return x.default_factory if key(x.default_factory) in factories else None  # a C member: no program code
 
-def guarded(function, name, refusals, restore, _name_of=type.__repr__, _type=type, _id=id,
-            _mutable=(list, dict, set), _TypeError=TypeError, _RecursionError=RecursionError):
-    """``function`` as the tests see it: list / dict / set arguments handed over as copies (copied back, checked,
-    after the call), the result checked and copied: exact built-in types only, recursively, anything else
-    refused; after every call the modules are restored again (``restore``), since the call may patch them. The
-    tests never hold an object the solution can still change. Builtins are bound here, as they were."""
-    def call(*args, **kwargs):
-        originals = [a for a in (*args, *kwargs.values()) if _type(a) in _mutable]
+    def describe(cls):
+        try:
+            name, module = _str.__str__(type_name(cls)), type_module(cls)
+            return name if _type(module) is not _str or module == "builtins" else f"{_str.__str__(module)}.{name}"
+        except BaseException:  # noqa: BLE001 - a name we could not read is still refused
+            return "?"
+
+    def discover(root):
+        """``(seen, order, problem)``: every container reachable from ``root`` once (key -> (it, its
+        children)), in discovery order; or the first value of a type not allowed."""
+        seen, order, stack = {}, [], [root]
+        while stack:
+            x = stack.pop()
+            cls = _type(x)
+            if key(cls) in scalars or key(x) in seen:
+                continue
+            kind = kinds.get(key(cls))
+            if kind is None:
+                holder = "" if x is root else f"a {describe(_type(root))} holding "
+                return seen, order, f"{holder}a value of type {describe(cls)}, not a built-in type"
+            items = kind[1]
+            children = _list(x) if items is None else [part for pair in items(x) for part in pair]
+            seen[key(x)] = (x, children)
+            order.append(x)
+            stack.extend(children)
+        return seen, order, None
+
+    def check_value(root):
+        return None if key(_type(root)) in scalars else discover(root)[2]
+
+    def copy_value(root):
+        if key(_type(root)) in scalars:
+            return root, None
+        seen, order, problem = discover(root)
+        if problem is not None:
+            return None, problem
         copies = {}
-        for original in originals:
-            try:
-                copies[_id(original)] = fresh_copy(original, {})
-            except Refused:  # the tests passed objects of their own: handed over as they are
-                pass
-        args = [copies.get(_id(a), a) for a in args]
-        kwargs = {k: copies.get(_id(v), v) for k, v in kwargs.items()}
-        try:
-            result = function(*args, **kwargs)
-        finally:
-            restore()
-        what = "returned"
-        try:
-            checked = fresh_copy(result, {})
-            what = "left in an argument"
-            for original in originals:
-                if _id(original) in copies:
-                    back = fresh_copy(copies[_id(original)], {})
-                    if _type(original) is list:
-                        original[:] = back
-                    else:
-                        original.clear()
-                        original.update(back)
-        except Refused as refused:
-            refusals.append(f"{name} {what} a value of type {_name_of(refused.args[0])}, not an exact built-in type "
-                            "(int, float, complex, bool, str, bytes, None, list, tuple, dict, set, frozenset)")
-            raise _TypeError("blocked by the sandbox: " + refusals[-1]) from None
-        except _RecursionError:
-            refusals.append(f"{name} {what} a value nested too deeply to check")
-            raise _TypeError("blocked by the sandbox: " + refusals[-1]) from None
-        return checked
-    return call
-'''
+        for x in order:  # empty mutable containers first: tuples may hold them, and they may hold tuples
+            cls = _type(x)
+            mutable, _, make = kinds[key(cls)]
+            if mutable:
+                copies[key(x)] = make() if make is not None else default_dict(factory(x))
+        for x in order:
+            if key(x) not in copies and not build_immutable(x, seen, copies):
+                return None, "a tuple that contains itself"
+        for x in order:
+            fill(x, seen[key(x)][1], copies)
+        return copies[key(root)], None
 
+    def build_immutable(top, seen, copies):
+        """Tuples and frozensets are made from their parts' copies, so the parts first (post-order); a
+        cycle needs a list or dict on the way, which already has its (empty) copy."""
+        stack, busy = [(top, False)], set()
+        while stack:
+            x, parts_ready = stack.pop()
+            if key(x) in copies:
+                continue
+            children = seen[key(x)][1]
+            if parts_ready:
+                copies[key(x)] = _type(x)([c if key(_type(c)) in scalars else copies[key(c)] for c in children])
+                continue
+            if key(x) in busy:
+                return False
+            busy.add(key(x))
+            stack.append((x, True))
+            stack.extend((c, False) for c in children if key(_type(c)) not in scalars and key(c) not in copies)
+        return True
 
-def make_checker():
-    """(guarded, refusals): the wrapper factory and the list every refusal is appended to."""
-    namespace = {"SCALAR_TYPES": SCALAR_TYPES}
-    exec(CHECKER_SOURCE, namespace)
-    return namespace["guarded"], []
+    def fill(x, children, copies):
+        cls = _type(x)
+        parts = [c if key(_type(c)) in scalars else copies[key(c)] for c in children]
+        copy = copies[key(x)]
+        if key(cls) in dicts:
+            for i in _range(0, _len(parts), 2):
+                copy[parts[i]] = parts[i + 1]
+        elif cls is list:
+            copy.extend(parts)
+        elif cls is set:
+            copy.update(parts)
 
-
-def snapshot_modules():
-    """Every loaded module's state, one level deep: [(name, module, attributes, containers, functions, classes)]."""
-    saved = []
-    for name, module in list(sys.modules.items()):
-        if name == "__main__":  # the solution's own namespace: what it defines is what the tests test
-            saved.append((name, module, None, {}, {}, {}))
-            continue
-        attributes = dict(getattr(module, "__dict__", {}))
-        containers = {key: (value, value.copy()) for key, value in attributes.items()
-                      if type(value) in (dict, list, set)}
-        functions = {key: (value, value.__code__, value.__defaults__, value.__kwdefaults__)
-                     for key, value in attributes.items() if type(value) is types.FunctionType}
-        classes = {key: (value, dict(vars(value))) for key, value in attributes.items()
-                   if isinstance(value, type) and getattr(value, "__module__", None) == name}
-        saved.append((name, module, attributes, containers, functions, classes))
-    return saved
-
-
-def restore_modules(saved, _modules=sys.modules, _getattr=getattr, _type=type, _list=list):
-    """Put every module back as ``snapshot_modules`` saw it; drop the modules imported since. Runs after the
-    solution's code, so every builtin it uses is bound at definition, as it was."""
-    known = {name for name, *_ in saved}
-    for name in [n for n in _modules if n not in known]:
-        del _modules[name]
-    for name, module, attributes, containers, functions, classes in saved:
-        _modules[name] = module
-        now = _getattr(module, "__dict__", None)
-        if now is None or attributes is None:
-            continue
-        for key in [k for k in now if k not in attributes]:
-            del now[key]
-        for key, value in attributes.items():
-            if now.get(key, restore_modules) is not value:
-                now[key] = value
-        for value, copy in containers.values():  # always: comparing would call what the solution put there
-            if _type(value) is _list:
-                value[:] = copy
-            else:
-                value.clear()
-                value.update(copy)
-        for function, code, defaults, kwdefaults in functions.values():
-            if function.__code__ is not code:
-                function.__code__ = code
-            if function.__defaults__ is not defaults:
-                function.__defaults__ = defaults
-            if function.__kwdefaults__ is not kwdefaults:
-                function.__kwdefaults__ = kwdefaults
-        for cls, class_attributes in classes.values():
-            restore_class(cls, class_attributes)
-
-
-def restore_class(cls, attributes, _vars=vars, _setattr=setattr, _delattr=delattr,
-                  _immutable=(TypeError, AttributeError)):
-    try:
-        for key in [k for k in _vars(cls) if k not in attributes]:
-            _delattr(cls, key)
-        for key, value in attributes.items():
-            if _vars(cls).get(key, restore_class) is not value and key not in ("__dict__", "__weakref__"):
-                _setattr(cls, key, value)
-    except _immutable:  # a built-in (immutable) type: the solution could not change it either
-        pass
-
-
-def referenced_names(code):
-    """Every global or attribute name the tests' code (and the functions it defines) mentions."""
-    names, stack = set(), [code]
-    while stack:
-        current = stack.pop()
-        names.update(current.co_names)
-        stack.extend(c for c in current.co_consts if isinstance(c, types.CodeType))
-    return names
-
-
-def tests_namespace(solution, tests_code, builtins, entry_points, guarded, refusals, restore):
-    """The namespace the tests run in (module docstring, 2)."""
-    namespace = {"__builtins__": dict(builtins), "__name__": "__main__", "__file__": solution.get("__file__")}
-    for name in referenced_names(tests_code):
-        if name.startswith("__") or name not in solution:
-            continue
-        value = solution[name]
-        if name in builtins and name not in entry_points:
-            continue  # the solution rebound a builtin the tests use: they get the builtin
-        if type(value) is types.ModuleType:
-            module = sys.modules.get(value.__name__)
-            if module is not None:
-                namespace[name] = module
-        elif callable(value):
-            namespace[name] = guarded(value, name, refusals, restore)
-        else:  # a value the tests read directly: checked now (a refusal fails the run once the tests end)
-            try:
-                namespace[name] = guarded(lambda v=value: v, name, refusals, restore)()
-            except TypeError:
-                pass
-    return namespace
+    return copy_value, check_value
