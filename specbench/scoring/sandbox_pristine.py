@@ -16,10 +16,10 @@ program could change what the tests compare with: ``math.isclose = lambda *a, **
 - a checked entry point's return value goes through ``copy_value``; an argument entry point (MBPP's
   ``Pair(5, 24)``, only ever called inside the arguments of another entry point) returns its value as is:
   it goes back into the solution, never to a comparison.
-No program code runs between calls: a thread still running when a call returns fails the run, audit hooks
-and replacing the code or defaults of the library's functions are refused (``make_audit_hook``), the cyclic
-garbage collector is off, and everything a call handed back or a restore removed is kept alive (``keep``),
-so no finalizer of the program's runs later.
+No program code runs between calls: no thread can start (sandbox_guard.py), and one found running when a call
+returns fails the run all the same; audit hooks and replacing the code or defaults of the library's functions
+are refused (``make_audit_hook``), the cyclic garbage collector is off, and everything a call handed back or a
+restore removed is kept alive (``keep``), so no finalizer of the program's runs later.
 """
 import gc
 import sys
