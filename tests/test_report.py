@@ -259,7 +259,7 @@ def test_notebook_executes_against_tiny_records(table2_sweep, tmp_path):
     old = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     try:
-        NotebookClient(nb, timeout=generous(300), kernel_name="python3",
+        NotebookClient(nb, timeout=int(generous(300)), kernel_name="python3",
                        resources={"metadata": {"path": str(ROOT / "notebooks")}}).execute()
     finally:
         for k, v in old.items():

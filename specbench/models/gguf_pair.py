@@ -107,7 +107,7 @@ def build_tiny_gguf_pair(name: str = "tiny-gguf", hidden_size: int = 64, layers:
                          draft_noise: float = 0.05, init_range: float = 0.2, lm_head_ties: list | None = None,
                          chat_template: bool = False, backend: str = "llamacpp", device: str = "cpu",
                          execution: str = "auto", context_length: int = DEFAULT_CONTEXT, flash_attn: bool | str = False,
-                         load_draft: bool = True, **_) -> ModelPair:
+                         load_draft: bool = True, dtype: str = "float32", **_) -> ModelPair:
     """The tiny random Llama pair (tiny.py's weights and byte tokenizer) as float32 GGUF files on llama.cpp; with
     backend=transformers, the very same weights as tiny.build_tiny_pair (backend parity tests)."""
     from .tiny import build_tiny_pair, byte_tokenizer
@@ -118,7 +118,7 @@ def build_tiny_gguf_pair(name: str = "tiny-gguf", hidden_size: int = 64, layers:
         return build_tiny_pair(name=name, arch="llama", hidden_size=hidden_size, layers=layers, seed=seed,
                                draft_noise=draft_noise, init_range=init_range, lm_head_ties=lm_head_ties,
                                chat_template=chat_template, device=device, execution=execution, load_draft=load_draft,
-                               attn_implementation="eager")
+                               attn_implementation="eager", dtype=dtype)
     check_llamacpp_execution(execution)
     resolve_execution(execution, device)
     files = tiny_gguf_files(hidden_size, layers, seed, draft_noise, init_range, lm_head_ties)
