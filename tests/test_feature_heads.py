@@ -16,6 +16,7 @@ from specbench.decoding.proposal import StepContext
 from specbench.decoding.rank_tree import parse_tree
 from specbench.decoding.sampling import Sampler
 from specbench.errors import ConfigError
+from specbench.lossless import NEAR_TIE, LosslessCheck
 from specbench.methods.feature_head import FeatureHeadMethod
 from specbench.methods.greedy import Greedy
 from specbench.models.draft_head import DraftHead, HeadCache, HeadConfig, TargetParts, stream_mask
@@ -208,7 +209,10 @@ def test_feature_heads_equal_greedy(case, tmp_path_factory):
     method = FeatureHeadMethod(pair, case["kind"], kind=case["kind"], head=str(directory), top_k=case["top_k"],
                                depth=case["depth"], max_nodes=case["max_nodes"], tree=case["tree"])
     gen = method.generate(case["prompt"], case["max_new_tokens"], eos)
-    assert gen.tokens == ref.tokens
+    if gen.tokens != ref.tokens:  # fp32 summation order: a batched verify and greedy's one-row step can swap two
+        # logits 1e-6 apart (seen on a Zen 5 CPU); that is the runner's near-tie, anything else a MISMATCH
+        verdict = LosslessCheck(pair, threads=torch.get_num_threads()).classify(case["prompt"], ref.tokens, gen.tokens)
+        assert verdict["verdict"] == NEAR_TIE, verdict
     assert sum(gen.accept_lengths) == len(gen.tokens) and gen.accepted == sum(gen.accepted_steps)
     assert gen.target_forwards == len(gen.accept_lengths)
     budget = case["max_nodes"] if case["tree"] is None else len(parse_tree(case["tree"]))  # EAGLE-1: its tree
