@@ -455,3 +455,18 @@ def test_pipeline_trains_medusa_heads_then_the_method_decodes_with_them(tmp_path
     assert summary["identical"] == summary["compared"] == 2
     record = json.loads(next((tmp_path / "runs" / "records").rglob("*medusa*.jsonl")).read_text().splitlines()[0])
     assert record["config"]["method"]["head_sha256"] == meta["sha256"]
+
+
+def test_heads_train_on_the_transformers_backend_whatever_auto_would_pick(tmp_path):
+    """A head reads the target's hidden states: ``model.backend=auto`` (llama.cpp for a GGUF pair on a CPU) means
+    transformers here, with the same data as an explicit transformers; llama.cpp is refused before any load."""
+    def embedded(*overrides):
+        with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+            return compose(config_name="heads", overrides=["model=embedded", f"paths.root={tmp_path / 'runs'}",
+                                                           *overrides])
+
+    auto = HeadPipeline(embedded("model.backend=auto"))
+    assert auto.model_cfg.backend == "transformers"
+    assert auto.data_identity() == HeadPipeline(embedded("model.backend=transformers")).data_identity()
+    with pytest.raises(ConfigError, match="model.backend.*only the transformers backend.*'llamacpp'"):
+        HeadPipeline(embedded("model.backend=llamacpp"))

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 from hydra import compose
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from ... import components
 from ...errors import ConfigError, positive_int, require
@@ -83,6 +83,20 @@ def log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
+def transformers_model(model_cfg: DictConfig) -> DictConfig:
+    """The ``model`` config with ``backend: transformers``: a head reads the target's hidden states, which only the
+    transformers backend exposes, so ``auto`` means transformers here (so too in the data's identity) and an
+    explicit ``llamacpp`` is refused before any model loads."""
+    backend = model_cfg.get("backend", "transformers")
+    require(backend in ("auto", "transformers"), "model.backend",
+            f"draft heads are trained on the target's hidden states, which only the transformers backend gives; "
+            f"got {backend!r}, valid: auto or transformers")
+    if "backend" in model_cfg:
+        with open_dict(model_cfg):
+            model_cfg.backend = "transformers"
+    return model_cfg
+
+
 class HeadPipeline:
     def __init__(self, cfg: DictConfig):
         self.cfg = cfg
@@ -101,7 +115,7 @@ class HeadPipeline:
                     f"{self.head_cfg['kind']} heads train with one pass per step (passes: 1)")
             for key in ("heads", "layers"):
                 positive_int(self.head_cfg.get(key, 1), f"head.{key}")
-        self.model_cfg = cfg.model
+        self.model_cfg = transformers_model(cfg.model)
         self.data = plain(cfg.data)
         self.base = Path(cfg.out_dir) / self.model_cfg.name
         self.data_dir = self.base / f"data-{digest(self.data_identity())}"
