@@ -38,7 +38,7 @@ def composed(*overrides):
     ("speculative", True), ("specinfer", True), ("ouroboros", True), ("hf_assisted", True), ("disco", True),
     ("greedy", False), ("eagle", False), ("eagle1", False), ("griffin", False), ("prompt_lookup", False),
     ("lookahead", False), ("swift", False), ("token_recycling", False), ("sam_decoding", False),
-    ("sam_speculative", True), ("rest", False)])
+    ("sam_speculative", True), ("sam_eagle", False), ("rest", False)])
 def test_the_draft_model_loads_only_for_a_method_or_baseline_that_drafts_with_it(method, drafts):
     assert needs_draft_model(composed(f"method={method}")) is drafts
     assert needs_draft_model(composed(f"method={method}", "method@baseline=speculative")) is True
