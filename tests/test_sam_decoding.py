@@ -382,8 +382,9 @@ def test_the_configs_compose_with_a_nested_fallback(tmp_path):
     eagle = composed("method=sam_speculative", "method@method.fallback=eagle")
     assert eagle.method.fallback._target_ == "specbench.methods.feature_head.FeatureHeadMethod"
     assert eagle.method.name == "sam_eagle"
-    named = composed("method=sam_eagle")  # Spec-Bench's SAM-Decoding[EAGLE-2] row as one method, sweepable beside others
-    assert OmegaConf.to_container(named.method, resolve=True) == OmegaConf.to_container(eagle.method, resolve=True)
+    named = composed("method=sam_eagle")  # Spec-Bench's SAM-Decoding[EAGLE-2] row as one method (sweepable)
+    assert OmegaConf.to_container(named.method, resolve=True) == OmegaConf.to_container(eagle.method,
+                                                                                      resolve=True)
     assert composed("method=sam_speculative", "method.fallback.gamma=6").method.fallback.gamma == 6
     # the draft model loads for a fallback that drafts with it, not for SAM alone or SAM[EAGLE-2]
     assert needs_draft_model(combined) and not needs_draft_model(alone) and not needs_draft_model(eagle)
