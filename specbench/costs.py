@@ -20,6 +20,7 @@ from bisect import bisect_left
 from dataclasses import dataclass
 
 from .decoding.cached_lm import CachedLM
+from .decoding.generation import ROLES
 from .timing import Stopwatch
 
 TABLE_SIZES = (1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 24, 32)
@@ -105,12 +106,12 @@ def interpolate(costs: dict[int, float], k: int) -> float:
     return costs[lo] + (costs[hi] - costs[lo]) * (k - lo) / (hi - lo)
 
 
-def predicted_ms(records: list[dict], target_costs, draft_costs) -> float:
-    """Σ over the records' forwards of T(tokens fed) for the model that ran them. costs: a ``ForwardCosts`` (the
-    rows of logits each forward kept, ``forward_rows``, priced; all rows where a record does not say) or a plain
-    table {k: ms} from ``measure_costs``."""
+def predicted_ms(records: list[dict], target_costs, draft_costs, head_costs=None) -> float:
+    """Σ over the records' forwards of T(tokens fed) for the model that ran them (target, draft model, draft head).
+    costs: a ``ForwardCosts`` (the rows of logits each forward kept, ``forward_rows``, priced; all rows where a
+    record does not say) or a plain table {k: ms} from ``measure_costs``."""
     roles = [(role, costs if isinstance(costs, ForwardCosts) else ForwardCosts(costs))  # a plain table: no row cost
-             for role, costs in (("target", target_costs), ("draft", draft_costs)) if costs]
+             for role, costs in zip(ROLES, (target_costs, draft_costs, head_costs)) if costs]
     total = 0.0
     for r in records:
         sizes, rows = r.forward_sizes or {}, r.forward_rows or {}
@@ -120,10 +121,10 @@ def predicted_ms(records: list[dict], target_costs, draft_costs) -> float:
     return total
 
 
-def bound(records: list[dict], baseline: list[dict], target_costs, draft_costs) -> float | None:
+def bound(records: list[dict], baseline: list[dict], target_costs, draft_costs, head_costs=None) -> float | None:
     """Speed-up allowed by the forward costs alone: predicted baseline time / predicted method time (same prompts)."""
-    method_ms = predicted_ms(records, target_costs, draft_costs)
-    base_ms = predicted_ms(baseline, target_costs, draft_costs)
+    method_ms = predicted_ms(records, target_costs, draft_costs, head_costs)
+    base_ms = predicted_ms(baseline, target_costs, draft_costs, head_costs)
     return base_ms / method_ms if method_ms > 0 and base_ms > 0 else None
 
 
@@ -133,7 +134,7 @@ def verify_table(costs: ForwardCosts) -> dict[int, float]:
 
 
 def run_bound(pair, records: list[dict], baseline: list[dict], prompt: list[int], repeats: int = 3,
-              draft=None) -> dict | None:
+              draft=None, head=None) -> dict | None:
     """The bound of one run (what ``python -m specbench`` prints beside the speed-up): forward costs measured now,
     after the timed generations, on this pair and machine (``measure_forward_costs``): every block size up to 64
     the records fed, and 1, 32, 64 of each model; larger blocks, i.e. prefills, are extrapolated linearly from
@@ -141,13 +142,15 @@ def run_bound(pair, records: list[dict], baseline: list[dict], prompt: list[int]
     ~10-15%: both sides of the ratio have them. Each forward is priced with the rows of logits it kept. Then
     ``bound`` over the method's records and their paired baseline records. draft: the model that ran the records'
     draft forwards when it is not the pair's draft (a method drafting with part of the target: swift's
-    layer-skipped target, ``self_draft``).
+    layer-skipped target, ``self_draft``). head: a draft head's forwards as a model (``head_cost_probe``: EAGLE's
+    layer, Medusa's heads), timed over the block sizes the records' ``head`` forwards fed; without it those forwards
+    are not priced (the bound is then higher than the forwards allow).
     None without a baseline or forward sizes (engine=vllm)."""
     from .metrics import matched_baseline
 
     base = matched_baseline(records, baseline) if baseline else []
     fed = {role: {k for r in records + base for k in (r.forward_sizes or {}).get(role, [])
-                  if k <= MEASURED_UP_TO} for role in ("target", "draft")}
+                  if k <= MEASURED_UP_TO} for role in ROLES}
     if not base or not fed["target"]:
         return None
     target = measure_forward_costs(pair.lm("target"), prompt, fed["target"] | ANCHORS, repeats=repeats)
@@ -155,11 +158,14 @@ def run_bound(pair, records: list[dict], baseline: list[dict], prompt: list[int]
         draft = pair.lm("draft")
     draft = (measure_forward_costs(draft, prompt, fed["draft"] | ANCHORS, repeats=repeats)
              if fed["draft"] and draft is not None else None)
-    limit = bound(records, base, target, draft)
+    head = (measure_forward_costs(head, prompt, fed["head"] | {1}, repeats=repeats)
+            if fed["head"] and head is not None else None)
+    limit = bound(records, base, target, draft, head)
     if limit is None:
         return None
     verify = max((k for k in fed["target"] if k > 1), default=None)  # the largest verify block, for T(k)/T(1)
     return {"bound": limit, "target_ms": target.ms, "target_row_ms": target.row_ms,
             "draft_ms": draft.ms if draft else None, "draft_row_ms": draft.row_ms if draft else None,
+            **({"head_ms": head.ms, "head_row_ms": head.row_ms} if head else {}),
             "prompt_tokens": len(prompt),
             "verify_ratio": {"k": verify, "ratio": target.at(verify) / target.at(1)} if verify else None}

@@ -13,6 +13,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field, fields
 
+from .decoding.generation import ROLES
+
 # 2: pairing mode in the run key, resolved precision and threads in every record; pairing rounds; losslessness verdicts
 SCHEMA_VERSION = 2
 
@@ -35,7 +37,7 @@ class TurnRecord:
     proposed: list[int] = field(default_factory=list)        # per step: the proposal's depth
     accepted_steps: list[int] = field(default_factory=list)  # per step: of those, draft tokens accepted and kept
     forward_sizes: dict = field(default_factory=dict)        # {"target"|"draft": tokens fed per forward}
-    forward_rows: dict = field(default_factory=dict)         # {"target"|"draft": rows of logits kept per forward}
+    forward_rows: dict = field(default_factory=dict)         # {"target"|"draft"|"head": rows of logits per forward}
     extra: dict = field(default_factory=dict)                # a method's own per-step data (sl, lcp, vllm_spec ...)
 
     @classmethod
@@ -144,8 +146,8 @@ def combine_turns(turns: list[TurnRecord]) -> TurnRecord:
         proposed=[n for t in turns for n in t.proposed],
         accepted_steps=[n for t in turns for n in t.accepted_steps],
         forward_sizes={model: [k for t in turns for k in t.forward_sizes.get(model, [])]
-                       for model in ("target", "draft")},
-        forward_rows={model: [r for t in turns for r in t.forward_rows[model]] for model in ("target", "draft")
+                       for model in ROLES if model != "head" or any(model in t.forward_sizes for t in turns)},
+        forward_rows={model: [r for t in turns for r in t.forward_rows[model]] for model in ROLES
                       if all(model in t.forward_rows for t in turns)},
         extra={},
     )

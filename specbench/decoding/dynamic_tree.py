@@ -30,6 +30,7 @@ from __future__ import annotations
 import torch
 
 from ..models.draft_head import DraftHead, TargetParts
+from .generation import ForwardLog
 from .head_runner import EagerHeadRunner
 from .proposal import Proposal, Step, StepContext
 
@@ -37,7 +38,7 @@ from .proposal import Proposal, Step, StepContext
 class HeadTree:
     """Proposer: a DraftHead's EAGLE-2 tree (module docstring). top_k = K, depth = D, max_nodes = the budget."""
 
-    draft = None  # no draft model: the head's forwards are counted in ``extra`` (head_forwards)
+    draft = None  # no draft model: the head's forwards are in ``head_log`` (priced by the bound) and ``extra``
 
     def __init__(self, head, parts: TargetParts, top_k: int, depth: int, max_nodes: int, fuse=None,
                  template: list[list[int]] | None = None):
@@ -58,6 +59,7 @@ class HeadTree:
         self.tree_nodes: list[int] = []
         self.tree_depth: list[int] = []
         self.head_forwards = 0
+        self.head_log = ForwardLog()  # per head forward: positions read (each computes its draft distribution)
 
     @property
     def known(self) -> int:
@@ -67,6 +69,7 @@ class HeadTree:
     def _head(self, ids: list[int], features: torch.Tensor, parents: list[int], cached_parents: list[int]):
         """One head forward over new positions; returns (logp (n, V_d) float32, regress (n, H))."""
         self.head_forwards += 1
+        self.head_log.add(len(ids))
         return self.runner.forward(ids, features, parents, cached_parents)
 
     @torch.inference_mode()

@@ -4,6 +4,23 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Iterable
 
+# the models whose forwards a generation records, each priced by its own cost table (costs.py): the target, a draft
+# model, a draft head (EAGLE/GRIFFIN's decoder layer, Medusa/Hydra's heads: drafts made without a draft model)
+ROLES = ("target", "draft", "head")
+
+
+class ForwardLog:
+    """Tokens fed (``sizes``) and rows of logits computed (``rows``) per forward of a model that is not a CachedLM
+    (a draft head): what ``Generation.count_forwards`` records under its role, as it does a CachedLM's."""
+
+    def __init__(self):
+        self.sizes: list[int] = []
+        self.rows: list[int] = []
+
+    def add(self, fed: int, rows: int | None = None) -> None:
+        self.sizes.append(fed)
+        self.rows.append(fed if rows is None else rows)
+
 
 @dataclass
 class Generation:
@@ -18,7 +35,7 @@ class Generation:
     proposed: list[int] = field(default_factory=list)  # per step: depth of the proposal (most tokens it could accept)
     accepted_steps: list[int] = field(default_factory=list)  # per step: of those, accepted and kept (α_k reads both)
     extra: dict = field(default_factory=dict)  # method-specific raw counters
-    forward_sizes: dict = field(default_factory=dict)  # {"target": [tokens fed per call], "draft": [...]}
+    forward_sizes: dict = field(default_factory=dict)  # {"target": [tokens fed per call], "draft"|"head": [...]}
     forward_rows: dict = field(default_factory=dict)  # {"target": [rows of logits per call], ...} where known
 
     def add_step(self, out: list[int], emitted: list[int], accepted: int, max_new_tokens: int,
@@ -46,12 +63,13 @@ class Generation:
             self.proposed.append(proposed if kept == len(emitted) else min(proposed, kept))
             self.accepted_steps.append(min(accepted, kept))
 
-    def count_forwards(self, target, draft=None) -> None:
-        """Forward counts and the tokens fed per forward (the cost model of ``make bench`` reads these),
-        from the CachedLMs (or anything with ``sizes``) the method drove."""
+    def count_forwards(self, target, draft=None, head: ForwardLog | None = None) -> None:
+        """Forward counts and the tokens fed per forward (the bound's cost model reads these), from the CachedLMs
+        (or anything with ``sizes``) the method drove; ``head``: a draft head's forwards (recorded, priced by the
+        run's bound, not counted in ``draft_forwards``)."""
         self.target_forwards = len(target.sizes)
         self.forward_sizes, self.forward_rows = {}, {}
-        for role, lm in (("target", target), ("draft", draft)):
+        for role, lm in zip(ROLES, (target, draft, head)):
             if lm is None:
                 continue
             self.forward_sizes[role] = list(lm.sizes)

@@ -124,3 +124,22 @@ class StaticHeadRunner:
         logp, regress = block.run()
         self.length += n
         return logp[:n], regress[:n]
+
+
+class HeadCostProbe:
+    """A head runner driven as ``costs.time_blocks`` drives a model, to price a run's head forwards (its bound):
+    ``forward(tokens)`` reads the tokens as a chain after the positions read before, with zero features (a forward's
+    cost does not depend on their values), and computes every position's draft distribution as drafting does
+    (``keep_last`` is ignored: a head keeps all its rows); ``crop`` drops the positions after the first n."""
+
+    def __init__(self, runner, hidden_size: int, dtype: torch.dtype, device):
+        self.runner, self.hidden_size, self.dtype, self.device = runner, hidden_size, dtype, device
+
+    @torch.inference_mode()
+    def forward(self, tokens: list[int], keep_last: int = 1) -> torch.Tensor:
+        n = len(tokens)
+        features = torch.zeros(n, self.hidden_size, dtype=self.dtype, device=self.device)
+        return self.runner.forward(list(tokens), features, list(range(-1, n - 1)), [])[0]
+
+    def crop(self, length: int) -> None:
+        self.runner.crop(length)

@@ -98,6 +98,6 @@ def speculative_generate(target: CachedLM, proposer: Proposer, prompt_ids: Seque
         out += step.emitted
         proposer.observe(step)
     gen.tokens = finalize_tokens(out, max_new_tokens, eos_ids)
-    gen.count_forwards(target, proposer.draft)
+    gen.count_forwards(target, proposer.draft, getattr(proposer, "head_log", None))
     gen.extra = proposer.extra()
     return gen

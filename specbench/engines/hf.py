@@ -96,7 +96,9 @@ def measure(cfg: DictConfig, spec: RunSpec, pair=None) -> dict:
     if cfg.runner.bound and baseline_records and not is_baseline:  # untimed: after every generation
         prompt = backend.encode([{"role": "user", "content": examples[0].prompt}], False)
         drafter = getattr(method.method, "self_draft", None)  # a draft made of the target's own layers (swift)
-        limit = run_bound(pair, records, baseline_records, prompt, draft=drafter() if drafter else None)
+        head = getattr(method.method, "head_cost_probe", None)  # a draft head's forwards (eagle, medusa, ...)
+        limit = run_bound(pair, records, baseline_records, prompt, draft=drafter() if drafter else None,
+                          head=head() if head else None)
         if limit is not None:
             facts["bound"] = limit
     if pair.execution.static:  # how the forwards ran, and the (untimed) capture work done for it

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from ..decoding.cached_lm import FeatureLM
 from ..decoding.dynamic_tree import HeadTree
-from ..decoding.head_runner import EagerHeadRunner, StaticHead, StaticHeadRunner
+from ..decoding.head_runner import EagerHeadRunner, HeadCostProbe, StaticHead, StaticHeadRunner
 from ..decoding.loop import speculative_generate
 from ..decoding.rank_tree import parse_tree
 from ..errors import require
@@ -86,6 +86,11 @@ class FeatureHeadMethod(ProposerMethod):
         static = self.pair.static_for(f"head:{self.name}:{id(self.head)}", lambda **settings: StaticHead(
             self.head, self.parts, label=f"{self.pair.name} {self.kind} head", **settings))
         return StaticHeadRunner(static)
+
+    def head_cost_probe(self) -> HeadCostProbe:
+        """The head's forwards as the run's bound times them (costs.run_bound), in the pair's execution mode."""
+        return HeadCostProbe(self.head_runner(), self.pair.target.config.hidden_size,
+                             next(self.head.parameters()).dtype, self.pair.device)
 
     def generate(self, prompt_ids, max_new_tokens, eos_ids, timeline=NoTimeline()):
         layers = self.artifact.config.feature_layers

@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import torch
 
+from ..costs import MEASURED_UP_TO
+from ..decoding.generation import ForwardLog
 from ..decoding.loop import speculative_generate
 from ..decoding.proposal import Proposal, Step, StepContext
 from ..errors import ConfigError, positive_int, require
@@ -38,7 +40,7 @@ from .base import NoTimeline, ProposerMethod
 class MedusaTree:
     """Proposer: the heads' candidate tree (module docstring). top_k = K children, depth = D heads, max_nodes."""
 
-    draft = None  # no draft model: head evaluations are counted in ``extra``
+    draft = None  # no draft model: head evaluations are in ``head_log`` (priced by the bound) and ``extra``
 
     def __init__(self, heads: MedusaHeads, parts: TargetParts, top_k: int, depth: int, max_nodes: int):
         self.heads, self.parts = heads, parts
@@ -48,10 +50,12 @@ class MedusaTree:
         self.tree_nodes: list[int] = []
         self.tree_depth: list[int] = []
         self.head_forwards = 0
+        self.head_log = ForwardLog()  # per head evaluation: the rows of h it reads (each a distribution over V)
 
     def _logp(self, k: int, h: torch.Tensor, path_ids: list[list[int]] | None = None) -> torch.Tensor:
         """Head k's log-probabilities (n, V) float32 for n rows of h (n, H); path_ids: each row's x0, d_1..d_{k-1}."""
         self.head_forwards += 1
+        self.head_log.add(h.shape[0])
         embeds = None
         if path_ids is not None:
             embeds = self.parts.embed(torch.tensor(path_ids, device=h.device)).to(self.dtype)  # (n, k, H)
@@ -156,7 +160,31 @@ class MedusaMethod(ProposerMethod):
     def make_proposer(self, prompt_ids) -> MedusaTree:
         return MedusaTree(self.heads, self.parts, self.top_k, self.depth, self.max_nodes)
 
+    def head_cost_probe(self) -> "MedusaCostProbe":
+        """The heads' evaluations as the run's bound times them (costs.run_bound)."""
+        return MedusaCostProbe(self.make_proposer([]), self.pair.target.config.hidden_size, self.pair.device)
+
     def generate(self, prompt_ids, max_new_tokens, eos_ids, timeline=NoTimeline()):
         target = self.pair.lm("target", features=True)
         return speculative_generate(target, self.make_proposer(prompt_ids), prompt_ids, max_new_tokens, eos_ids,
                                     self.sampler, timeline)
+
+
+class MedusaCostProbe:
+    """One head evaluation on k rows of h_t (Hydra's also reading each row's x0), driven as ``costs.time_blocks``
+    drives a model, to price a run's head evaluations: head 1 stands for every head (each ends in the lm_head over
+    the whole vocabulary, most of its cost). Nothing is cached (``crop`` has nothing to drop) and no context is
+    read, so a block longer than ``costs.MEASURED_UP_TO`` (time_blocks' first read, of the prompt) is cut to that."""
+
+    def __init__(self, tree: MedusaTree, hidden_size: int, device):
+        self.tree, self.hidden_size, self.device = tree, hidden_size, device
+
+    @torch.inference_mode()
+    def forward(self, tokens: list[int], keep_last: int = 1) -> torch.Tensor:
+        tokens = list(tokens)[-MEASURED_UP_TO:]
+        h = torch.zeros(len(tokens), self.hidden_size, dtype=self.tree.dtype, device=self.device)
+        paths = [[t] for t in tokens] if self.tree.heads.cfg.kind == "hydra" else None
+        return self.tree._logp(1, h, paths)
+
+    def crop(self, length: int) -> None:
+        pass

@@ -52,6 +52,7 @@ class SamProposer:
         self.max_draft, self.min_match_length = max_draft, min_match_length
         self.fallback = fallback
         self.draft = getattr(fallback, "draft", None)  # the fallback's draft CachedLM: its forwards are counted
+        self.head_log = getattr(fallback, "head_log", None)  # so are a fallback head's (EAGLE-2's)
         self.stats = {"steps": 0, "steps_sam": 0, "steps_fallback": 0}
         self.match_length: list[int] = []
         self.source: list[str] = []  # per step: sam | fallback | none (no draft)
@@ -164,6 +165,11 @@ class SamDecoding(ProposerMethod):
     def step_blocks(self) -> dict[str, int]:
         fallback = self.fallback.step_blocks().get("target", 0) if self.fallback is not None else 0
         return {"target": max(self.max_draft + 1, fallback)}
+
+    def head_cost_probe(self):
+        """A fallback head's forwards as the run's bound times them (EAGLE-2's: feature_head.py); None without."""
+        probe = getattr(self.fallback, "head_cost_probe", None)
+        return probe() if probe else None
 
     def make_proposer(self, prompt_ids) -> SamProposer:
         fallback = None if self.fallback is None else self.fallback.make_proposer(prompt_ids)

@@ -70,7 +70,7 @@ def category_entry(spec, cell: Cell, keys: list[str], category: str) -> Entry:
 
 
 def category_bound(run_bound: dict | None, records, baseline, speedup_total) -> dict | None:
-    """The run's bound (costs.run_bound: T(k) of both models, measured once after the run) priced on some of its
+    """The run's bound (costs.run_bound: T(k) of each model, measured once after the run) priced on some of its
     records and their paired greedy records; efficiency = measured Σ/Σ speed-up / bound, as summaries.finish."""
     if not run_bound or not run_bound.get("target_ms") or not baseline:
         return None
@@ -80,7 +80,8 @@ def category_bound(run_bound: dict | None, records, baseline, speedup_total) -> 
 
     target = costs(run_bound["target_ms"], run_bound.get("target_row_ms"))
     draft = costs(run_bound.get("draft_ms"), run_bound.get("draft_row_ms"))
-    limit = bound(records, matched_baseline(records, baseline), target, draft)
+    head = costs(run_bound.get("head_ms"), run_bound.get("head_row_ms"))
+    limit = bound(records, matched_baseline(records, baseline), target, draft, head)
     if limit is None:
         return None
     return {"bound": limit, "efficiency": speedup_total / limit if speedup_total else None,
