@@ -178,10 +178,12 @@ def test_every_shipped_option_passes_the_checks(group, tmp_path):
             with pytest.raises(ConfigError, match=r"^model\.target_gguf: pair 'gguf' needs the path"):
                 check_components(cfg)
             continue
-        if group == "method" and cfg.method._target_ in ("specbench.methods.feature_head.FeatureHeadMethod",
-                                                         "specbench.methods.medusa.MedusaMethod"):
+        heads = ("specbench.methods.feature_head.FeatureHeadMethod", "specbench.methods.medusa.MedusaMethod")
+        fallback = cfg.method.get("fallback") or {}
+        if group == "method" and (cfg.method._target_ in heads or fallback.get("_target_") in heads):
+            key = "method.head" if cfg.method._target_ in heads else "method.fallback.head"  # sam_eagle's EAGLE-2
             with pytest.raises(ConfigError,
-                               match=r"^method\.head: no trained head at .*python -m specbench\.training\.heads"):
+                               match=rf"^{key}: no trained head at .*python -m specbench\.training\.heads"):
                 check_components(cfg)  # needs a trained head: refused before any model loads
             continue
         if group == "method" and cfg.method._target_ == "specbench.methods.engine_only.EngineMethod":
