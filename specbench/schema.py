@@ -36,7 +36,7 @@ class TurnRecord:
     accept_lengths: list[int] = field(default_factory=list)  # per step: tokens emitted (τ's numerator)
     proposed: list[int] = field(default_factory=list)        # per step: the proposal's depth
     accepted_steps: list[int] = field(default_factory=list)  # per step: of those, draft tokens accepted and kept
-    forward_sizes: dict = field(default_factory=dict)        # {"target"|"draft": tokens fed per forward}
+    forward_sizes: dict = field(default_factory=dict)        # {"target"|"draft"|"head": tokens fed per forward}
     forward_rows: dict = field(default_factory=dict)         # {"target"|"draft"|"head": rows of logits per forward}
     extra: dict = field(default_factory=dict)                # a method's own per-step data (sl, lcp, vllm_spec ...)
 

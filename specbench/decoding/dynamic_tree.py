@@ -58,8 +58,11 @@ class HeadTree:
         self.features: torch.Tensor | None = None  # (known, H): the target's features of the committed tokens
         self.tree_nodes: list[int] = []
         self.tree_depth: list[int] = []
-        self.head_forwards = 0
         self.head_log = ForwardLog()  # per head forward: positions read (each computes its draft distribution)
+
+    @property
+    def head_forwards(self) -> int:
+        return len(self.head_log.sizes)
 
     @property
     def known(self) -> int:
@@ -68,7 +71,6 @@ class HeadTree:
 
     def _head(self, ids: list[int], features: torch.Tensor, parents: list[int], cached_parents: list[int]):
         """One head forward over new positions; returns (logp (n, V_d) float32, regress (n, H))."""
-        self.head_forwards += 1
         self.head_log.add(len(ids))
         return self.runner.forward(ids, features, parents, cached_parents)
 

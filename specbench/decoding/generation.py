@@ -10,16 +10,18 @@ ROLES = ("target", "draft", "head")
 
 
 class ForwardLog:
-    """Tokens fed (``sizes``) and rows of logits computed (``rows``) per forward of a model that is not a CachedLM
-    (a draft head): what ``Generation.count_forwards`` records under its role, as it does a CachedLM's."""
+    """Positions read per forward (``sizes``) of a model that is not a CachedLM (a draft head), each computing its
+    draft distribution, so ``rows`` are the sizes: what ``Generation.count_forwards`` records under its role."""
 
     def __init__(self):
         self.sizes: list[int] = []
-        self.rows: list[int] = []
 
-    def add(self, fed: int, rows: int | None = None) -> None:
+    @property
+    def rows(self) -> list[int]:
+        return self.sizes
+
+    def add(self, fed: int) -> None:
         self.sizes.append(fed)
-        self.rows.append(fed if rows is None else rows)
 
 
 @dataclass

@@ -49,12 +49,14 @@ class MedusaTree:
         self.feature: torch.Tensor | None = None  # (H,) h_t: the target's feature at the last token it verified
         self.tree_nodes: list[int] = []
         self.tree_depth: list[int] = []
-        self.head_forwards = 0
         self.head_log = ForwardLog()  # per head evaluation: the rows of h it reads (each a distribution over V)
+
+    @property
+    def head_forwards(self) -> int:
+        return len(self.head_log.sizes)
 
     def _logp(self, k: int, h: torch.Tensor, path_ids: list[list[int]] | None = None) -> torch.Tensor:
         """Head k's log-probabilities (n, V) float32 for n rows of h (n, H); path_ids: each row's x0, d_1..d_{k-1}."""
-        self.head_forwards += 1
         self.head_log.add(h.shape[0])
         embeds = None
         if path_ids is not None:
