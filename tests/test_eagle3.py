@@ -125,10 +125,47 @@ def test_a_tiny_head_trained_in_process_predicts_better_at_every_unrolled_step()
     parts = TargetParts.of(pair.target, draft_ids)
     t2d = target_to_draft(draft_ids, pair.vocab_size)
     before = chain_accuracy(head, parts, pair.target, sequences, t2d, 3)
-    rows = train_eagle3_stage(head, parts, pair.target, sequences, t2d, steps=3, epochs=20, lr=3e-3, batch_size=4)
+    rows = train_eagle3_stage(head, parts, pair.target, sequences, t2d, steps=3, epochs=20, lr=3e-3, batch_tokens=104)
     after = chain_accuracy(head, parts, pair.target, sequences, t2d, 3)
     assert rows[-1]["loss"] < rows[0]["loss"]
     assert all(a > b + 0.15 for a, b in zip(after, before)), (before, after)
+
+
+def test_a_head_as_conf_trains_it_learns_from_a_residual_stream_with_massive_activations(monkeypatch):
+    """Qwen2's and Llama's residual streams (the layer inputs fc3 fuses) carry a few channels of ~10^3. A head as
+    conf/head/eagle3.yaml builds it (g RMS-normalized, a final norm) learns on them; without the norms g and the
+    logits scale with that channel and training barely moves (the embedded pair's first run without them: loss in
+    the hundreds, top-1 ~0.02 after 70 steps)."""
+    from omegaconf import OmegaConf
+
+    from specbench.training.heads import eagle3 as trainer
+
+    options = {k: v for k, v in OmegaConf.load(ROOT / "conf/head/eagle3.yaml").items()
+               if k in ("layer_norm", "final_norm")}
+    assert options == {"layer_norm": True, "final_norm": True}
+    plain_features = trainer.target_features
+
+    def massive(target, ids, attention, layers):  # one channel of every fused layer input 1000x
+        states, final = plain_features(target, ids, attention, layers)
+        states = states.clone()
+        states[..., 7::64] *= 1000.0
+        return states, final
+
+    monkeypatch.setattr(trainer, "target_features", massive)
+    pair = tiny_pair()
+    sequences = greedy_sequences(pair)
+    draft_ids = draft_vocabulary(sequences, 80, pair.vocab_size, set(pair.eos_ids))
+    t2d = target_to_draft(draft_ids, pair.vocab_size)
+    parts = TargetParts.of(pair.target, draft_ids)
+    config = HeadConfig.for_target(pair.target.config, "eagle3", draft_vocab_size=len(draft_ids), **options)
+    head = DraftHead(config).init_weights(seed=0)
+    before = trainer.chain_accuracy(head, parts, pair.target, sequences, t2d, 3)
+    rows = trainer.train_eagle3_stage(head, parts, pair.target, sequences, t2d, steps=3, epochs=20, lr=3e-3,
+                                      batch_tokens=104)
+    after = trainer.chain_accuracy(head, parts, pair.target, sequences, t2d, 3)
+    assert rows[-1]["loss"] < rows[0]["loss"]
+    assert all(a > b + 0.3 for a, b in zip(after, before)), (before, after)  # without the norms: +0.16 to +0.22
+    assert float(head.fuse_layers(torch.randn(2, 3 * 64) * 1e4).pow(2).mean().sqrt()) < 10  # g at the norm's scale
 
 
 # -- on the loop -------------------------------------------------------------------------------------------------

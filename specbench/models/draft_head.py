@@ -55,7 +55,8 @@ class HeadConfig:
     tgf_second: str = "token"      # what TGF's secondary fusion reads beside norm(u): token | feature | fused
     target: dict = field(default_factory=dict)  # what it was made for: model name, type
     feature_layers: list = field(default_factory=list)  # eagle3: the decoder layers whose inputs it fuses
-    final_norm: bool = False       # an RMSNorm before lm_head (published EAGLE-3 heads)
+    final_norm: bool = False       # an RMSNorm before lm_head (published EAGLE-3 heads, and eagle3 ones trained here)
+    layer_norm: bool = False       # eagle3: an RMSNorm on fc3's output g (heads trained here; see ``fuse_layers``)
 
     def __post_init__(self):
         if self.kind not in KINDS:
@@ -67,6 +68,8 @@ class HeadConfig:
         self.fusion = self.fusion or ("tgf" if self.kind == "griffin" else "fc")
         self.dual = (self.kind == "griffin") if self.dual is None else bool(self.dual)
         self.feature_layers = [int(i) for i in self.feature_layers]
+        if self.layer_norm and self.kind != "eagle3":
+            raise ValueError("layer_norm normalizes fc3's fused low/mid/high features: eagle3 heads only")
         if self.kind == "eagle3" and len(self.feature_layers) != 3:
             raise ValueError(f"an eagle3 head fuses three layers (low, mid, high), got {self.feature_layers}")
 
@@ -284,16 +287,22 @@ class DraftHead(nn.Module):
         self.mlp = GatedMLP(h, cfg.intermediate_size, 2 * h if cfg.dual else h)
         if cfg.kind == "eagle3":  # fc3: the target's low/mid/high features (3H) -> g (H)
             self.layer_fc = nn.Linear(3 * h, h, bias=False)
+            if cfg.layer_norm:
+                self.layer_norm = RMSNorm(h, cfg.rms_eps)
         if cfg.final_norm:
             self.norm = RMSNorm(h, cfg.rms_eps)
 
     def fuse_layers(self, states: torch.Tensor) -> torch.Tensor:
         """EAGLE-3: (…, 3H) [low; mid; high] target states -> (…, H) g, the feature the head reads; other kinds
-        read the target's last hidden state as it is."""
+        read the target's last hidden state as it is. The states are the target's residual stream, unnormalized:
+        in Qwen2 and Llama a few channels reach ~10^3 ("massive activations"), so g is RMS-normalized
+        (``layer_norm``) in the heads trained here, whose layer has no input norm; published EAGLE-3 heads
+        normalize g inside their layer instead (``fusion: norm_concat``)."""
         if self.cfg.kind != "eagle3":
             return states
         dtype = getattr(self.layer_fc, "dtype", None) or self.layer_fc.weight.dtype  # a PackedLinear has no weight
-        return self.layer_fc(states.to(dtype))
+        g = self.layer_fc(states.to(dtype))
+        return self.layer_norm(g) if self.cfg.layer_norm else g
 
     def forward(self, embeds, features, positions, mask=None, cache: HeadCache | None = None, streams=None):
         x = self.fusion(embeds, features)
@@ -344,6 +353,10 @@ class DraftHead(nn.Module):
             if self.cfg.kind == "eagle3":  # fc3 starts as the high layer's input alone
                 self.layer_fc.weight.zero_()
                 self.layer_fc.weight[:, 2 * h:] = torch.eye(h)
+            final = getattr(target.model, "norm", None)  # g and the output start at the target's final-norm scale
+            for norm in (getattr(self, "layer_norm", None), getattr(self, "norm", None)):
+                if norm is not None and final is not None:
+                    norm.weight.copy_(final.weight.float())
             fc = self.fusion.fc
             fc.weight.zero_()
             fc.weight[:, h:] = torch.eye(h)

@@ -11,19 +11,22 @@ draft vocabulary: Σ_j 0.8^(j-1) · CE(p_t, q_t^(j)), p_t = softmax(lm_head_d(F_
 over the draft vocabulary (EAGLE-3's code weights its steps 0.8^j the same way).
 
 What we do differently, at CPU scale: a few (2-3) unrolled steps instead of 7; the draft lm_head is the target's
-own rows of the draft vocabulary, frozen (EAGLE-3 trains its own, with a final norm); positions t < j - 1 of
+own rows of the draft vocabulary, frozen (EAGLE-3 trains its own), after the head's own final norm; g is
+RMS-normalized after fc3 (``layer_norm``: the target's residual stream has channels of ~10^3, which EAGLE-3's layer
+meets with its hidden_norm and ours, EAGLE's layer without an input norm, would carry into attention and logits);
+the head starts from the target's last decoder layer (``init: target_layer``); positions t < j - 1 of
 step j, whose chain would start before the sequence, are left out of its loss; the low/mid/high features are
 computed from the stored token ids by one target forward per batch (the heads pipeline's extracted data keeps
 only the last hidden state), so training needs the target in memory.
 """
 from __future__ import annotations
 
-import random
 
 import torch
 
 from ...decoding.cached_lm import layer_inputs
 from ...models.draft_head import DraftHead, TargetParts
+from .train import token_groups
 
 STEP_DECAY = 0.8  # the weight of unrolled step j is 0.8^(j-1)
 
@@ -58,7 +61,7 @@ def unrolled_loss(head: DraftHead, parts: TargetParts, ids: torch.Tensor, starts
     streams: list = []
     total, stats = 0.0, []
     for step in range(1, steps + 1):
-        predict, _ = head(embeds, features, positions, streams=streams)
+        predict, regress = head(embeds, features, positions, streams=streams)  # regress: pre-final-norm output
         logq = torch.log_softmax(parts.logits(predict).float(), dim=-1)          # (B, m, V_d)
         weight = mask * (t >= step - 1).float()  # a chain of step - 1 own outputs needs that many positions before
         counted = weight.sum().clamp_min(1.0)
@@ -67,7 +70,8 @@ def unrolled_loss(head: DraftHead, parts: TargetParts, ids: torch.Tensor, starts
         with torch.no_grad():
             hit = (logq.argmax(-1) == next_draft).float()
             stats.append({"step": step, "positions": float(weight.sum()), "top1": float((hit * weight).sum())})
-        features = torch.cat([torch.zeros_like(predict[:, :1]), predict[:, :-1]], dim=1)  # position t reads t-1's
+        # position t reads t-1's output, as drafting feeds it (decoding/head_runner.py: the regress feature)
+        features = torch.cat([torch.zeros_like(regress[:, :1]), regress[:, :-1]], dim=1)
     return total, stats
 
 
@@ -82,18 +86,18 @@ def padded_batch(sequences: list[dict], max_length: int) -> tuple[torch.Tensor, 
 
 
 def train_eagle3_stage(head: DraftHead, parts: TargetParts, target, sequences: list[dict], t2d: torch.Tensor,
-                       steps: int, epochs: float, lr: float, batch_size: int = 4, max_length: int = 256,
+                       steps: int, epochs: float, lr: float, batch_tokens: int = 1024, max_length: int = 256,
                        warmup_steps: int = 0, clip_value: float = 0.5, betas=(0.9, 0.95), seed: int = 0,
                        log=None) -> list[dict]:
     """Train ``head`` in place for ``epochs`` passes over ``sequences`` ({ids, start}: the heads pipeline's data)
-    with ``steps`` unrolled steps; AdamW, linear warm-up then linear decay, gradients clipped by value. Returns
-    one row per optimizer step (loss, per-step top-1 over counted positions)."""
-    usable = [seq for seq in sequences if min(len(seq["ids"]), max_length) >= 3]
-    order = list(range(len(usable)))
-    random.Random(seed).shuffle(order)
-    per_epoch = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
-    plan = [group for _ in range(max(1, int(epochs))) for group in per_epoch]
-    plan += per_epoch[:round((epochs - int(epochs)) * len(per_epoch))] if epochs > int(epochs) else []
+    with ``steps`` unrolled steps, in batches of at most ``batch_tokens`` padded tokens (length-sorted, shuffled
+    per epoch: the groups EAGLE's stages train on, train.token_groups); AdamW, linear warm-up then linear decay,
+    gradients clipped by value. Returns one row per optimizer step (loss, per-step top-1 over counted positions)."""
+    full = int(epochs)  # whole passes, then the fraction of one (0.25: a quarter of the batches; at least one batch)
+    plan = [[seq for _, seq in group] for epoch in range(full + 1)
+            for group in token_groups(sequences, max_length, batch_tokens, seed * 1000 + epoch)]
+    per_epoch = len(plan) // (full + 1)
+    plan = plan[:max(1, full * per_epoch + round((epochs - full) * per_epoch))]
     optimizer = torch.optim.AdamW(head.parameters(), lr=lr, betas=tuple(betas))
     total_steps = max(1, len(plan))
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda i: min(
@@ -102,7 +106,7 @@ def train_eagle3_stage(head: DraftHead, parts: TargetParts, target, sequences: l
     rows = []
     head.train()
     for index, group in enumerate(plan):
-        ids, attention, starts, lengths = padded_batch([usable[i] for i in group], max_length)
+        ids, attention, starts, lengths = padded_batch(group, max_length)
         states, final = target_features(target, ids.to(parts.device), attention.to(parts.device), layers)
         loss, stats = unrolled_loss(head, parts, ids, starts, lengths, states, final, steps, t2d)
         optimizer.zero_grad()

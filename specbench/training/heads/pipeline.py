@@ -238,7 +238,7 @@ class HeadPipeline:
             if config.kind == "eagle3":  # training-time test, features from the target at train time
                 stage, s = self.settings.stages[index - 1], self.settings
                 rows = train_eagle3_stage(head, parts, target, train_set, t2d, stage.passes, stage.epochs, stage.lr,
-                                          max(1, s.batch_tokens // s.max_length), s.max_length, s.warmup_steps,
+                                          s.batch_tokens, s.max_length, s.warmup_steps,
                                           s.clip_value, s.betas, s.seed, log)
             else:
                 run = StageRun(head, parts, self.settings, self.settings.stages[index - 1], index, stage_dir, log)
@@ -374,7 +374,7 @@ MEDUSA_OPTIONS = ("heads", "layers", "own_lm_head")
 
 # HeadConfig fields a head config may set
 HEAD_OPTIONS = ("intermediate_size", "draft_vocab_size", "fusion", "dual", "tgf_width", "tgf_second", "fc_bias",
-                "feature_layers")
+                "feature_layers", "layer_norm", "final_norm")
 
 
 # train settings that say how a run goes, not what it trains: left out of a head's identity

@@ -118,24 +118,31 @@ def split(sequences: list[dict], holdout: float, seed: int) -> tuple[list[dict],
     return [sequences[i] for i in order[n_eval:]], [sequences[i] for i in order[:n_eval]]
 
 
-def batches(sequences: list[dict], settings: TrainSettings, t2d: torch.Tensor, seed: int) -> list[Batch]:
-    """Length-sorted batches of at most ``batch_tokens`` padded tokens, in a seeded random order."""
+def token_groups(sequences: list[dict], max_length: int, batch_tokens: int, seed: int) -> list[list[tuple[int, dict]]]:
+    """Length-sorted groups of (length, sequence) of at most ``batch_tokens`` padded tokens, in a seeded random
+    order; sequences cut to ``max_length``, those with no answer token to predict left out."""
     items = []
     for seq in sequences:
-        n = min(len(seq["ids"]), settings.max_length)
+        n = min(len(seq["ids"]), max_length)
         if n >= 3 and n > seq["start"] + 1:
             items.append((n, seq))
     items.sort(key=lambda item: item[0])
     groups, current = [], []
     for n, seq in items:
-        if current and (len(current) + 1) * n > settings.batch_tokens:
+        if current and (len(current) + 1) * n > batch_tokens:
             groups.append(current)
             current = []
         current.append((n, seq))
     if current:
         groups.append(current)
     random.Random(seed).shuffle(groups)
-    return [make_batch(group, t2d) for group in groups]
+    return groups
+
+
+def batches(sequences: list[dict], settings: TrainSettings, t2d: torch.Tensor, seed: int) -> list[Batch]:
+    """``token_groups`` of the settings' sizes as Batches."""
+    return [make_batch(group, t2d) for group in token_groups(sequences, settings.max_length, settings.batch_tokens,
+                                                             seed)]
 
 
 def make_batch(group: list[tuple[int, dict]], t2d: torch.Tensor) -> Batch:
