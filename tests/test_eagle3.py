@@ -325,6 +325,7 @@ def test_pipeline_trains_an_eagle3_head_then_method_eagle3_decodes_with_it(tmp_p
     meta = json.loads((head_dir / "head.json").read_text())
     assert meta["config"]["kind"] == "eagle3" and meta["config"]["feature_layers"] == [1, 1, 0]
     assert meta["config"]["draft_vocab_size"] == 120
+    assert meta["config"]["layer_norm"] and meta["config"]["final_norm"]  # conf/head/eagle3.yaml reaches the head
     evaluation = json.loads((head_dir / "evaluation.json").read_text())
     assert len(evaluation["top1_by_unrolled_step"]) == 2
     pair = PAIRS.setdefault(2, build_tiny_pair(name="tiny-llama", device=TEST_DEVICE))
