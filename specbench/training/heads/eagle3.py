@@ -21,12 +21,11 @@ only the last hidden state), so training needs the target in memory.
 """
 from __future__ import annotations
 
-
 import torch
 
 from ...decoding.cached_lm import layer_inputs
 from ...models.draft_head import DraftHead, TargetParts
-from .train import token_groups
+from .train import epoch_plan, token_groups
 
 STEP_DECAY = 0.8  # the weight of unrolled step j is 0.8^(j-1)
 
@@ -93,11 +92,8 @@ def train_eagle3_stage(head: DraftHead, parts: TargetParts, target, sequences: l
     with ``steps`` unrolled steps, in batches of at most ``batch_tokens`` padded tokens (length-sorted, shuffled
     per epoch: the groups EAGLE's stages train on, train.token_groups); AdamW, linear warm-up then linear decay,
     gradients clipped by value. Returns one row per optimizer step (loss, per-step top-1 over counted positions)."""
-    full = int(epochs)  # whole passes, then the fraction of one (0.25: a quarter of the batches; at least one batch)
-    plan = [[seq for _, seq in group] for epoch in range(full + 1)
-            for group in token_groups(sequences, max_length, batch_tokens, seed * 1000 + epoch)]
-    per_epoch = len(plan) // (full + 1)
-    plan = plan[:max(1, full * per_epoch + round((epochs - full) * per_epoch))]
+    plan = epoch_plan(epochs, lambda epoch: [[seq for _, seq in group] for group in
+                                             token_groups(sequences, max_length, batch_tokens, seed * 1000 + epoch)])
     optimizer = torch.optim.AdamW(head.parameters(), lr=lr, betas=tuple(betas))
     total_steps = max(1, len(plan))
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda i: min(

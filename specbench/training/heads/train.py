@@ -145,6 +145,14 @@ def batches(sequences: list[dict], settings: TrainSettings, t2d: torch.Tensor, s
                                                              seed)]
 
 
+def epoch_plan(epochs: float, one_epoch) -> list:
+    """The batches of ``epochs`` passes, ``one_epoch(i)`` giving pass i's: a fraction is that share of one more
+    pass (0.25: a quarter of its batches), and a plan has at least one batch."""
+    passes = max(1, math.ceil(epochs))
+    plan = [batch for epoch in range(passes) for batch in one_epoch(epoch)]
+    return plan[:max(1, round(len(plan) * epochs / passes))]
+
+
 def make_batch(group: list[tuple[int, dict]], t2d: torch.Tensor) -> Batch:
     m = max(n for n, _ in group) - 2
     hidden = group[0][1]["hidden"].shape[-1]
@@ -292,11 +300,8 @@ class StageRun:
     history: list = field(default_factory=list)
 
     def run(self, train_set: list[dict], t2d: torch.Tensor) -> list[dict]:
-        epochs = max(1, math.ceil(self.stage.epochs))
-        plan = []
-        for epoch in range(epochs):
-            plan += batches(train_set, self.settings, t2d, self.settings.seed * 1000 + self.index * 100 + epoch)
-        plan = plan[:max(1, round(len(plan) * self.stage.epochs / epochs))]
+        seed = self.settings.seed * 1000 + self.index * 100
+        plan = epoch_plan(self.stage.epochs, lambda epoch: batches(train_set, self.settings, t2d, seed + epoch))
         optimizer = torch.optim.AdamW(self.head.parameters(), lr=self.stage.lr, betas=self.settings.betas,
                                       weight_decay=0.0)
         generator = torch.Generator().manual_seed(self.settings.seed + self.index)
