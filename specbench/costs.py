@@ -106,7 +106,7 @@ def interpolate(costs: dict[int, float], k: int) -> float:
     return costs[lo] + (costs[hi] - costs[lo]) * (k - lo) / (hi - lo)
 
 
-def predicted_ms(records: list[dict], target_costs, draft_costs, head_costs=None) -> float:
+def predicted_ms(records: list, target_costs, draft_costs, head_costs=None) -> float:
     """Σ over the records' forwards of T(tokens fed) for the model that ran them (target, draft model, draft head).
     costs: a ``ForwardCosts`` (the rows of logits each forward kept, ``forward_rows``, priced; all rows where a
     record does not say) or a plain table {k: ms} from ``measure_costs``."""
@@ -121,11 +121,42 @@ def predicted_ms(records: list[dict], target_costs, draft_costs, head_costs=None
     return total
 
 
-def bound(records: list[dict], baseline: list[dict], target_costs, draft_costs, head_costs=None) -> float | None:
-    """Speed-up allowed by the forward costs alone: predicted baseline time / predicted method time (same prompts)."""
+def bound(records: list, baseline: list, target_costs, draft_costs, head_costs=None) -> float | None:
+    """Speed-up allowed by the forward costs alone, in the unit of the measured speed-up it is compared with (tokens per
+    second, ``metrics.rate``, Σ over Σ): the method's tokens over its predicted time, over the baseline's tokens over
+    its predicted time (same prompts). Where both emitted the same tokens this is predicted baseline time / predicted
+    method time. Where they did not (a near-tie flipped in bf16 or GGUF and one stopped earlier), a ratio of times
+    would be compared with a ratio of rates: a method that stopped at 80 tokens where greedy ran 128 after a
+    1300-token prefill is measured at ~0.6 of its time ratio, and its efficiency read 0.83 where its forwards
+    explained 0.96 of it. Records without token counts (hand-built) count as equal."""
     method_ms = predicted_ms(records, target_costs, draft_costs, head_costs)
     base_ms = predicted_ms(baseline, target_costs, draft_costs, head_costs)
-    return base_ms / method_ms if method_ms > 0 and base_ms > 0 else None
+    if method_ms <= 0 or base_ms <= 0:
+        return None
+    ours, theirs = (sum(r.new_tokens or 0 for r in side) for side in (records, baseline))
+    return base_ms / method_ms * (ours / theirs if ours and theirs else 1.0)
+
+
+def repriced(run_bound: dict | None, records, baseline, speedup_total) -> dict | None:
+    """A run's bound (``run_bound``: each model's T(k), measured once after the run) priced on ``records`` (a run's,
+    or some of them: one category's, the prompts a report selects) and their paired baseline records, with
+    efficiency = measured Σ/Σ speed-up / bound (as summaries.finish). Reports price from the run's cost tables
+    instead of reading the bound the run printed, so the records they select and this module's definition are
+    what the numbers mean. None without cost tables or a baseline."""
+    from .metrics import matched_baseline
+
+    if not run_bound or not run_bound.get("target_ms") or not baseline:
+        return None
+
+    def costs(ms, row_ms):
+        return ForwardCosts({int(k): v for k, v in ms.items()}, row_ms or 0.0) if ms else None
+
+    limit = bound(records, matched_baseline(records, baseline), costs(run_bound["target_ms"],
+                  run_bound.get("target_row_ms")), costs(run_bound.get("draft_ms"), run_bound.get("draft_row_ms")),
+                  costs(run_bound.get("head_ms"), run_bound.get("head_row_ms")))
+    if limit is None:
+        return None
+    return {**run_bound, "bound": limit, "efficiency": speedup_total / limit if speedup_total else None}
 
 
 def verify_table(costs: ForwardCosts) -> dict[int, float]:
@@ -133,7 +164,7 @@ def verify_table(costs: ForwardCosts) -> dict[int, float]:
     return {k: costs.at(k) for k in TABLE_SIZES}
 
 
-def run_bound(pair, records: list[dict], baseline: list[dict], prompt: list[int], repeats: int = 3,
+def run_bound(pair, records: list, baseline: list, prompt: list[int], repeats: int = 3,
               draft=None, head=None) -> dict | None:
     """The bound of one run (what ``python -m specbench`` prints beside the speed-up): forward costs measured now,
     after the timed generations, on this pair and machine (``measure_forward_costs``): every block size up to 64

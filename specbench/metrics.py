@@ -45,6 +45,16 @@ def tau(records) -> float | None:
     return sum(r.new_tokens for r in records) / forwards if forwards else None
 
 
+def tau_decoding(records) -> float | None:
+    """τ over the decoding steps only: each turn's first step (the forward that reads its prompt) left out, its tokens
+    with it. Spec-Bench's #Mean Accepted Tokens counts this way for its tree methods (EAGLE's and Medusa's loops emit
+    the prefill's token before they count steps); ``tau`` (design rule 5) counts every target forward. They differ
+    where answers are short: a 17-token answer in 7 steps is 2.43 by ``tau``, 16 / 6 = 2.67 here. None without
+    per-step accept lengths (hf_assisted, vLLM) or with no step after the first."""
+    steps = [n for r in records for turn in r.turn_list for n in (turn.accept_lengths or [])[1:]]
+    return sum(steps) / len(steps) if steps else None
+
+
 def mean_sl(records) -> float | None:
     """Mean tokens drafted per step (the speculation length actually used), for methods that record it
     per step in ``extra.sl`` (the SL policies); None otherwise."""
@@ -277,6 +287,7 @@ def summarize(records: list[RunRecord], baseline: list[RunRecord] | None = None,
         "ms_per_token": 1000 * wall / new_tokens if new_tokens else None,
         "prefill_s_mean": _mean(prefill),
         "tau": tau(records),
+        "tau_decoding": tau_decoding(records),
         "acceptance_rate": acceptance_rate(records),
         "alpha": acceptance_by_position(records) or None,
         "target_forwards": sum(r.target_forwards or 0 for r in records),

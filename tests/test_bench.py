@@ -74,6 +74,19 @@ def test_bound_is_predicted_greedy_time_over_predicted_method_time():
     assert abs(costs.bound(spec, greedy, table, table) - expected) < 1e-12
 
 
+def test_bound_is_in_tokens_per_second_like_the_speed_up_when_the_outputs_differ_in_length():
+    """A near-tie flipped (bf16, GGUF) and the method stopped at 80 tokens where greedy ran 128, after the same long
+    prefill: the measured speed-up is a ratio of tok/s (metrics.rate), so its bound must be one too. As a ratio of
+    predicted times it was 0.67 where the forwards allow 0.42, and the method's efficiency read 0.63 instead of 1."""
+    table = {1: 30.0, 19: 200.0, 1300: 8000.0}
+    greedy = RunRecord(new_tokens=128, forward_sizes={"target": [1300] + [1] * 127})
+    method = RunRecord(new_tokens=80, forward_sizes={"target": [1300] + [19] * 20})
+    greedy_ms, method_ms = 8000 + 127 * 30, 8000 + 20 * 200
+    assert costs.bound([method], [greedy], table, None) == pytest.approx((80 / method_ms) / (128 / greedy_ms))
+    same = RunRecord(new_tokens=128, forward_sizes=method.forward_sizes)
+    assert costs.bound([same], [greedy], table, None) == pytest.approx(greedy_ms / method_ms)  # equal outputs: times
+
+
 def test_extrapolation_past_the_table_uses_a_wide_span_not_the_last_two_sizes():
     """Ouroboros' draft feeds 25-50 tokens; a table measured at 31 and 32 with noise (T(31) > T(32)) once
     extrapolated T(47) below zero, which made the printed bound 0.52 where the forwards allowed 0.43."""

@@ -13,8 +13,9 @@ from scipy.stats import t as student_t
 
 from specbench.metrics import (acceptance_rate, bootstrap_mean_ci, by_prompt, compare, first_divergence,
                                first_repeat, fmt, losslessness, matched_baseline, mean_sl, one_per_prompt,
-                               partners_of, rate, reference_of, summarize, t_975, tau, verdict_of)
-from specbench.schema import RunRecord
+                               partners_of, rate, reference_of, summarize, t_975, tau, tau_decoding,
+                               verdict_of)
+from specbench.schema import RunRecord, TurnRecord
 from specbench.report.console import identity_text, render_headline, render_table, speedup_text
 
 GREEDY_IDS = (1, 2, 3)
@@ -42,6 +43,18 @@ def test_tau_pools_steps_over_records():
     # steps 3, 1 and 5: 9 tokens / 3 target forwards = 3.0 (the mean of per-record means would be (2 + 5) / 2 = 3.5)
     assert tau([rec("a", 4, 1.0, accept_lengths=[3, 1]), rec("b", 5, 1.0, accept_lengths=[5])]) == 3.0
     assert tau([rec("g", 7, 1.0, accept_lengths=[1] * 7)]) == 1.0  # greedy: one token per forward
+
+
+def test_tau_over_decoding_steps_leaves_out_each_turns_prompt_reading_step():
+    """Spec-Bench's #Mean Accepted Tokens: a 17-token answer in 7 steps is τ 17 / 7 = 2.43, 16 / 6 = 2.67 without
+    the step that read the prompt; a two-turn record loses each turn's first step."""
+    answer = rec("rag", 17, 1.0, accept_lengths=[1, 1, 1, 1, 2, 10, 1])
+    assert tau([answer]) == pytest.approx(17 / 7) and tau_decoding([answer]) == pytest.approx(16 / 6)
+    two_turns = rec("mt", 9, 1.0, accept_lengths=[1, 3, 1, 4])
+    two_turns.turns = [TurnRecord(accept_lengths=[1, 3]), TurnRecord(accept_lengths=[1, 4])]
+    assert tau_decoding([two_turns]) == 3.5 and tau_decoding([answer, two_turns]) == pytest.approx(23 / 8)
+    assert tau_decoding([rec("one", 1, 1.0, accept_lengths=[1])]) is None  # no step after the prompt's
+    assert tau_decoding([rec("a", 12, 1.0, target_forwards=4)]) is None  # no per-step counts (hf_assisted)
 
 
 def test_tau_without_steps_is_new_tokens_over_target_forwards():

@@ -155,12 +155,16 @@ def test_report_splits_runs_by_category_beside_the_leaderboard_and_says_why_cell
     sps = rows[("Summarization", "SpS")]
     assert sps["(ours) speed-up"].startswith("2.00× [2.00, 2.00]"), sps
     assert (sps["(ours) τ"], sps["(ours) bound"], sps["(ours) efficiency"]) == ("2.50", "1.25×", "1.60")
+    assert sps["(ours) τ, decoding steps"] == "2.67"  # (9 + 7) / 6: each prompt's first step left out
     assert sps["(paper) speed-up"] == "1.71×"  # A100, Vicuna-13B
     qa = rows[("Question answering", "SpS")]
     assert qa["(ours) speed-up"].startswith("1.25×") and (qa["(ours) τ"], qa["(ours) bound"]) == ("2.00", "1.00×")
     overall = rows[("Overall", "SpS")]
     assert overall["(ours) τ"] == "2.22" and overall["(ours) greedy tok/s"] == "11.43"  # 40 tokens / 3.5 s
     assert (overall["(paper) speed-up"], overall["(paper) τ"]) == ("1.54×", "2.19")
+    # the overall bound is priced from the run's cost tables (40 T(1) / 18 T(5)), not read from its summary (1.00)
+    efficiency = (3.5 / 2.35) / (40 * T1 / (18 * T5))  # Σ/Σ speed-up over the bound
+    assert (overall["(ours) bound"], overall["(ours) efficiency"]) == ("1.11×", f"{efficiency:.2f}")
     assert rows[("Translation", "SpS")]["(ours) speed-up"] == "not in this sweep"  # no translation records
     ouro = rows[("Summarization", "Ouroboros")]
     assert ouro["(ours) speed-up"].startswith("2.50×") and ouro["(paper) speed-up"] == "not reported"

@@ -18,6 +18,7 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf
 
+from ..costs import repriced
 from ..components import spec_for
 from ..errors import ConfigError
 from ..metrics import matched_baseline, mean_sl, one_per_prompt, rate, summarize
@@ -144,6 +145,9 @@ def load_cell(job: list[str], cfg: DictConfig, limit: int | None) -> Cell:
     cell.summary["accuracy_primary"] = primary_value(cell.summary.get("accuracy"))
     cell.summary["mean_sl"] = mean_sl(cell.records)
     cell.summary.update(measured_facts(cell.spec))
+    if cell.summary.get("bound"):  # the run's cost tables priced on the records selected here (costs.repriced)
+        cell.summary["bound"] = repriced(cell.summary["bound"], cell.records, cell.baseline_records,
+                                         cell.summary.get("speedup_total")) or cell.summary["bound"]
     return cell
 
 

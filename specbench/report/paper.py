@@ -61,7 +61,8 @@ def cell_entry(spec, cell: Cell, keys: list[str]) -> Entry:
     s = cell.summary
     repeats = s.get("repeats", 1) > 1
     entry.values = {"tok_per_s": s.get("tok_per_s"), "speedup": s.get("speedup"), "ms_per_token": s.get("ms_per_token"),
-                    "tau": s.get("tau"), "acceptance_rate": s.get("acceptance_rate"),
+                    "tau": s.get("tau"), "tau_decoding": s.get("tau_decoding"),
+                    "acceptance_rate": s.get("acceptance_rate"),
                     "accuracy": s.get("accuracy_primary"), "mean_sl": s.get("mean_sl"),
                     "identical": identical_text(cell),
                     **match_stats(cell.records)}

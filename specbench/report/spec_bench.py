@@ -6,7 +6,8 @@ One run of a method covers every category (``data=spec_bench``: each record carr
 (category, method), plus the ``overall`` entry over all of them. Each category's speed-up is computed as every
 other speed-up here (metrics.summarize: paired with greedy prompt by prompt), and its bound and efficiency from the
 forward costs T(k) the run measured after its last round (its summary's ``bound``: costs.run_bound), priced on that
-category's forwards only. The leaderboard's numbers (published/spec_bench.csv) are one setting of it, picked by
+category's forwards only (costs.repriced). The leaderboard's numbers (published/spec_bench.csv) are one setting of it,
+picked by
 ``experiment.published_where``; its τ is overall only.
 
 Where we differ: Spec-Bench's speed-up is the mean tok/s over all prompts of the method over that of greedy, each
@@ -17,9 +18,9 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from ..costs import ForwardCosts, bound
+from ..costs import repriced
 from ..errors import ConfigError
-from ..metrics import matched_baseline, summarize
+from ..metrics import summarize
 from ..scoring import primary_value
 from .experiment import Cell, Experiment
 from .figure_files import save
@@ -62,30 +63,11 @@ def category_entry(spec, cell: Cell, keys: list[str], category: str) -> Entry:
     is_baseline = cell.baseline.key == cell.spec.key
     summary = summarize(records, baseline or None, exact=cell.cfg.sampling.temperature == 0, is_baseline=is_baseline)
     summary["accuracy_primary"] = primary_value(summary.get("accuracy"))
-    summary["bound"] = category_bound(cell.summary.get("bound"), records, baseline, summary.get("speedup_total"))
+    summary["bound"] = repriced(cell.summary.get("bound"), records, baseline, summary.get("speedup_total"))
     part = replace(cell, records=records, baseline_records=baseline, summary=summary)
     entry = cell_entry(spec, part, keys)
     entry.keys = {**entry.keys, KEY: category}
     return entry
-
-
-def category_bound(run_bound: dict | None, records, baseline, speedup_total) -> dict | None:
-    """The run's bound (costs.run_bound: T(k) of each model, measured once after the run) priced on some of its
-    records and their paired greedy records; efficiency = measured Σ/Σ speed-up / bound, as summaries.finish."""
-    if not run_bound or not run_bound.get("target_ms") or not baseline:
-        return None
-
-    def costs(ms, row_ms):
-        return ForwardCosts({int(k): v for k, v in ms.items()}, row_ms or 0.0) if ms else None
-
-    target = costs(run_bound["target_ms"], run_bound.get("target_row_ms"))
-    draft = costs(run_bound.get("draft_ms"), run_bound.get("draft_row_ms"))
-    head = costs(run_bound.get("head_ms"), run_bound.get("head_row_ms"))
-    limit = bound(records, matched_baseline(records, baseline), target, draft, head)
-    if limit is None:
-        return None
-    return {"bound": limit, "efficiency": speedup_total / limit if speedup_total else None,
-            "verify_ratio": run_bound.get("verify_ratio")}
 
 
 def speedup_by_category(exp: Experiment, out_dir: Path) -> list[Path]:

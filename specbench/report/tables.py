@@ -26,6 +26,7 @@ METRICS = {
     "speedup": Metric("speed-up", suffix="×"),
     "ms_per_token": Metric("latency (ms/token)", higher_is_better=False),
     "tau": Metric("τ"),
+    "tau_decoding": Metric("τ, decoding steps"),  # each turn's prompt-reading step left out (metrics.tau_decoding)
     "acceptance_rate": Metric("acceptance", spec=".1%"),
     "accuracy": Metric("accuracy", spec=".1f"),
     "mean_sl": Metric("mean SL"),
