@@ -27,6 +27,7 @@ TABLE_SIZES = (1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 24, 32)
 EXTRA_SIZES = (48, 64, 128, 256, 512)  # prefill-sized blocks, only to predict prefills
 MEASURED_UP_TO = 64  # run_bound measures every block size a run fed up to this (Ouroboros' draft feeds 25-50)
 ANCHORS = {1, 32, MEASURED_UP_TO}  # and these, to extrapolate prefills
+MIN_CONTEXT_GAP = 256  # a run reaching this much past its first prompt also gets a table after its longest context
 
 
 def time_blocks(lm, prompt: list[int], blocks: list[tuple[int, int]], repeats: int = 3) -> dict[tuple, float]:
@@ -68,12 +69,31 @@ class ForwardCosts:
     ms: dict[int, float]
     row_ms: float = 0.0
 
-    def at(self, k: int, rows: int | None = None) -> float:
-        """ms of a forward of k tokens keeping ``rows`` rows of logits (None: all k)."""
+    def at(self, k: int, rows: int | None = None, context: int | None = None) -> float:
+        """ms of a forward of k tokens keeping ``rows`` rows of logits (None: all k); one table has one context."""
         return interpolate(self.ms, k) + ((k if rows is None else rows) - 1) * self.row_ms
 
     def as_record(self) -> dict:
         return {"one_row_ms": self.ms, "row_ms": self.row_ms}
+
+
+@dataclass
+class ContextCosts:
+    """One model's ``ForwardCosts`` measured after prompts of two lengths (``contexts``, ascending): a forward is
+    priced at the cache length it ran after (records' ``forward_contexts``), linearly between the two tables and
+    as the nearer one outside them; a forward whose context is not recorded, as the table measured after the run's
+    own prompt (the first: what every forward cost before contexts were recorded). On 2 Zen 5 cores (llama.cpp,
+    the 1.5B target) T(1) is 17% and T(19) 10% dearer after 1300 cached tokens than after 47."""
+
+    tables: list[ForwardCosts]  # [after the run's prompt, after its longest context]
+    contexts: list[int]
+
+    def at(self, k: int, rows: int | None = None, context: int | None = None) -> float:
+        (lo, hi), (c0, c1) = self.tables, self.contexts
+        if context is None:
+            return lo.at(k, rows)
+        w = min(1.0, max(0.0, (context - c0) / (c1 - c0)))
+        return (1 - w) * lo.at(k, rows) + w * hi.at(k, rows)
 
 
 def measure_forward_costs(model, prompt: list[int], sizes, repeats: int = 3, probe: int = 32) -> ForwardCosts:
@@ -109,15 +129,18 @@ def interpolate(costs: dict[int, float], k: int) -> float:
 def predicted_ms(records: list, target_costs, draft_costs, head_costs=None) -> float:
     """Σ over the records' forwards of T(tokens fed) for the model that ran them (target, draft model, draft head).
     costs: a ``ForwardCosts`` (the rows of logits each forward kept, ``forward_rows``, priced; all rows where a
-    record does not say) or a plain table {k: ms} from ``measure_costs``."""
-    roles = [(role, costs if isinstance(costs, ForwardCosts) else ForwardCosts(costs))  # a plain table: no row cost
-             for role, costs in zip(ROLES, (target_costs, draft_costs, head_costs)) if costs]
+    record does not say), a ``ContextCosts`` (each forward priced at its ``forward_contexts`` too) or a plain table
+    {k: ms} from ``measure_costs``."""
+    roles = [(role, costs if isinstance(costs, (ForwardCosts, ContextCosts)) else ForwardCosts(costs))
+             for role, costs in zip(ROLES, (target_costs, draft_costs, head_costs)) if costs]  # a plain table: no rows
     total = 0.0
     for r in records:
-        sizes, rows = r.forward_sizes or {}, r.forward_rows or {}
+        sizes, rows, contexts = r.forward_sizes or {}, r.forward_rows or {}, r.forward_contexts or {}
         for role, costs in roles:
             fed = sizes.get(role, [])
-            total += sum(costs.at(k, n) for k, n in zip(fed, rows.get(role) or [None] * len(fed)))
+            unknown = [None] * len(fed)
+            total += sum(costs.at(k, n, c) for k, n, c in zip(fed, rows.get(role) or unknown,
+                                                              contexts.get(role) or unknown))
     return total
 
 
@@ -147,16 +170,34 @@ def repriced(run_bound: dict | None, records, baseline, speedup_total) -> dict |
 
     if not run_bound or not run_bound.get("target_ms") or not baseline:
         return None
-
-    def costs(ms, row_ms):
-        return ForwardCosts({int(k): v for k, v in ms.items()}, row_ms or 0.0) if ms else None
-
-    limit = bound(records, matched_baseline(records, baseline), costs(run_bound["target_ms"],
-                  run_bound.get("target_row_ms")), costs(run_bound.get("draft_ms"), run_bound.get("draft_row_ms")),
-                  costs(run_bound.get("head_ms"), run_bound.get("head_row_ms")))
+    limit = bound(records, matched_baseline(records, baseline), *(stored_costs(run_bound, role) for role in ROLES))
     if limit is None:
         return None
     return {**run_bound, "bound": limit, "efficiency": speedup_total / limit if speedup_total else None}
+
+
+def stored_costs(run_bound: dict, role: str):
+    """One model's costs as ``run_bound`` stores them: ``<role>_ms`` / ``<role>_row_ms`` after the run's prompt,
+    and, where the run reached a long context, the same under ``long_context`` (then a ``ContextCosts``)."""
+    def table(d):
+        ms = d.get(f"{role}_ms")
+        return ForwardCosts({int(k): v for k, v in ms.items()}, d.get(f"{role}_row_ms") or 0.0) if ms else None
+
+    near, far = table(run_bound), table(run_bound.get("long_context") or {})
+    if near is None or far is None:
+        return near
+    return ContextCosts([near, far], [run_bound["prompt_tokens"], run_bound["long_context"]["prompt_tokens"]])
+
+
+def long_context(records, prompt_tokens: int) -> int | None:
+    """Where to measure a second table: the furthest a decode-sized forward (<= MEASURED_UP_TO tokens) of these
+    records reached, less MEASURED_UP_TO (the table's blocks then fit wherever the run's did: llama.cpp's and the
+    static cache's capacity); None when that is within MIN_CONTEXT_GAP tokens or twice the run's prompt."""
+    reach = [c + k for r in records for role in ("target", "draft")
+             for k, c in zip((r.forward_sizes or {}).get(role, []), (r.forward_contexts or {}).get(role, []))
+             if k <= MEASURED_UP_TO]
+    far = max(reach, default=0) - MEASURED_UP_TO
+    return far if far >= max(2 * prompt_tokens, prompt_tokens + MIN_CONTEXT_GAP) else None
 
 
 def verify_table(costs: ForwardCosts) -> dict[int, float]:
@@ -170,12 +211,15 @@ def run_bound(pair, records: list, baseline: list, prompt: list[int], repeats: i
     after the timed generations, on this pair and machine (``measure_forward_costs``): every block size up to 64
     the records fed, and 1, 32, 64 of each model; larger blocks, i.e. prefills, are extrapolated linearly from
     T(32)..T(64), as llama.cpp's and torch's compute-bound prefills scale, which underestimates long prefills by
-    ~10-15%: both sides of the ratio have them. Each forward is priced with the rows of logits it kept. Then
+    ~10-15%: both sides of the ratio have them. Each forward is priced with the rows of logits it kept, and at the
+    context it ran after: where the records reach far past ``prompt`` (``long_context``), every table is measured
+    again after that many tokens (stored under ``long_context``) and forwards are priced between the two. Then
     ``bound`` over the method's records and their paired baseline records. draft: the model that ran the records'
     draft forwards when it is not the pair's draft (a method drafting with part of the target: swift's
-    layer-skipped target, ``self_draft``). head: a draft head's forwards as a model (``head_cost_probe``: EAGLE's
-    layer, Medusa's heads), timed over the block sizes the records' ``head`` forwards fed; without it those forwards
-    are not priced (the bound is then higher than the forwards allow).
+    layer-skipped target, ``self_draft``; a model: each table times a fresh CachedLM around it). head: a draft
+    head's forwards as a model (``head_cost_probe``: EAGLE's layer, Medusa's heads), timed over the block sizes
+    the records' ``head`` forwards fed (after the prompt only); without it those forwards are not priced (the bound
+    is then higher than the forwards allow).
     None without a baseline or forward sizes (engine=vllm)."""
     from .metrics import matched_baseline
 
@@ -184,19 +228,30 @@ def run_bound(pair, records: list, baseline: list, prompt: list[int], repeats: i
                   if k <= MEASURED_UP_TO} for role in ROLES}
     if not base or not fed["target"]:
         return None
-    target = measure_forward_costs(pair.lm("target"), prompt, fed["target"] | ANCHORS, repeats=repeats)
-    if draft is None and pair.draft is not None:
-        draft = pair.lm("draft")
-    draft = (measure_forward_costs(draft, prompt, fed["draft"] | ANCHORS, repeats=repeats)
-             if fed["draft"] and draft is not None else None)
-    head = (measure_forward_costs(head, prompt, fed["head"] | {1}, repeats=repeats)
-            if fed["head"] and head is not None else None)
-    limit = bound(records, base, target, draft, head)
+
+    def tables(after: list[int]) -> dict:
+        """T(k) of the target and the draft after ``after``, each from an empty cache (a fresh pair.lm, or a
+        CachedLM made around ``draft``), as the summary stores them."""
+        near = {"target": measure_forward_costs(pair.lm("target"), after, fed["target"] | ANCHORS, repeats=repeats)}
+        if fed["draft"] and (draft is not None or pair.draft is not None):
+            drafter = draft if draft is not None else pair.lm("draft")
+            near["draft"] = measure_forward_costs(drafter, after, fed["draft"] | ANCHORS, repeats=repeats)
+        return {key: value for role, costs in near.items()
+                for key, value in ((f"{role}_ms", costs.ms), (f"{role}_row_ms", costs.row_ms))}
+
+    result = {"target_ms": None, "target_row_ms": None, "draft_ms": None, "draft_row_ms": None, **tables(prompt),
+              "prompt_tokens": len(prompt)}
+    if fed["head"] and head is not None:
+        probe = measure_forward_costs(head, prompt, fed["head"] | {1}, repeats=repeats)
+        result.update(head_ms=probe.ms, head_row_ms=probe.row_ms)
+    far = long_context(records + base, len(prompt))
+    if far is not None:  # a cyclic copy of the prompt: a forward's cost depends on how much it attends to, not on what
+        result["long_context"] = {"prompt_tokens": far, **tables((prompt * (far // len(prompt) + 1))[:far])}
+    limit = bound(records, base, *(stored_costs(result, role) for role in ROLES))
     if limit is None:
         return None
-    verify = max((k for k in fed["target"] if k > 1), default=None)  # the largest verify block, for T(k)/T(1)
-    return {"bound": limit, "target_ms": target.ms, "target_row_ms": target.row_ms,
-            "draft_ms": draft.ms if draft else None, "draft_row_ms": draft.row_ms if draft else None,
-            **({"head_ms": head.ms, "head_row_ms": head.row_ms} if head else {}),
-            "prompt_tokens": len(prompt),
-            "verify_ratio": {"k": verify, "ratio": target.at(verify) / target.at(1)} if verify else None}
+    verify = max((k for r in records for turn in r.turn_list for k in turn.forward_sizes.get("target", [])[1:]
+                  if 1 < k <= MEASURED_UP_TO), default=None)  # the largest verify block (not a prompt's), T(k)/T(1)
+    near = ForwardCosts(result["target_ms"], result["target_row_ms"])
+    return {"bound": limit, **result,
+            "verify_ratio": {"k": verify, "ratio": near.at(verify) / near.at(1)} if verify else None}

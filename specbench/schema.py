@@ -38,6 +38,7 @@ class TurnRecord:
     accepted_steps: list[int] = field(default_factory=list)  # per step: of those, draft tokens accepted and kept
     forward_sizes: dict = field(default_factory=dict)        # {"target"|"draft"|"head": tokens fed per forward}
     forward_rows: dict = field(default_factory=dict)         # {"target"|"draft"|"head": rows of logits per forward}
+    forward_contexts: dict = field(default_factory=dict)     # {"target"|"draft": positions cached before each forward}
     extra: dict = field(default_factory=dict)                # a method's own per-step data (sl, lcp, vllm_spec ...)
 
     @classmethod
@@ -46,8 +47,9 @@ class TurnRecord:
 
     def to_dict(self) -> dict:
         out = {f: getattr(self, f) for f in TURN_FIELDS}
-        if not self.forward_rows:  # an engine that does not count rows (vLLM) writes none, as it always has
-            del out["forward_rows"]
+        for key in ("forward_rows", "forward_contexts"):  # an engine that does not count them (vLLM) writes none
+            if not out[key]:
+                del out[key]
         return out
 
 
@@ -149,5 +151,7 @@ def combine_turns(turns: list[TurnRecord]) -> TurnRecord:
                        for model in ROLES if model != "head" or any(model in t.forward_sizes for t in turns)},
         forward_rows={model: [r for t in turns for r in t.forward_rows[model]] for model in ROLES
                       if all(model in t.forward_rows for t in turns)},
+        forward_contexts={model: [c for t in turns for c in t.forward_contexts[model]] for model in ROLES
+                          if all(model in t.forward_contexts for t in turns)},
         extra={},
     )

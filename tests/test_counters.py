@@ -16,6 +16,7 @@ from specbench.methods.sl_policies import ConfidenceSL, HeuristicSL, OracleSL, P
 from specbench.methods.specinfer import SpecInfer
 from specbench.methods.speculative import SpeculativeDecoding
 
+from .test_context_costs import chain_contexts
 from .test_equivalence import cases, greedy_reference, pair_for
 
 METHODS = {
@@ -62,6 +63,8 @@ def test_counters_match_the_emitted_tokens(case, name):
     gen = method.generate(case["prompt"], case["max_new_tokens"], eos)
     assert gen.tokens == ref.tokens
     check_counters(gen, name)
+    if name != "hf_assisted":  # its hooks see sizes only; every other method's forwards say where they ran
+        assert gen.forward_contexts["target"] == chain_contexts(len(case["prompt"]), gen.accept_lengths), name
 
 
 def test_a_lookahead_step_past_the_budget_counts_only_the_kept_token():

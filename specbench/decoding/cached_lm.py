@@ -30,6 +30,7 @@ class CachedLM:
         self.cache_arg = cache_argument(model)  # what this transformers version calls the cache argument
         self.sizes: list[int] = []  # tokens fed per model call since reset(), in order
         self.rows: list[int] = []  # rows of logits each call computed (keep_last), in order
+        self.contexts: list[int] = []  # positions cached before each call (what its attention read besides itself)
 
     @property
     def forwards(self) -> int:
@@ -38,7 +39,7 @@ class CachedLM:
 
     def reset(self) -> None:
         self.cache = None
-        self.sizes, self.rows = [], []
+        self.sizes, self.rows, self.contexts = [], [], []
 
     @property
     def length(self) -> int:
@@ -70,7 +71,9 @@ class CachedLM:
             dtype = next(self.model.parameters()).dtype
             kwargs["attention_mask"], kwargs["position_ids"] = tree_inputs(parents, self.length, dtype, self.device,
                                                                             cached_parents)
+        before = self.length
         logits = self._run(input_ids, kwargs)
+        self.contexts.append(before)
         self.sizes.append(len(ids))
         self.rows.append(min(keep_last or len(ids), len(ids)))
         return fit_vocabulary(logits[0].float(), self.vocab)

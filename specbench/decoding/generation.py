@@ -39,6 +39,7 @@ class Generation:
     extra: dict = field(default_factory=dict)  # method-specific raw counters
     forward_sizes: dict = field(default_factory=dict)  # {"target": [tokens fed per call], "draft"|"head": [...]}
     forward_rows: dict = field(default_factory=dict)  # {"target": [rows of logits per call], ...} where known
+    forward_contexts: dict = field(default_factory=dict)  # {"target": [positions cached before each call], ...}
 
     def add_step(self, out: list[int], emitted: list[int], accepted: int, max_new_tokens: int,
                  eos_ids: set[int], proposed: int | None = None) -> None:
@@ -68,16 +69,18 @@ class Generation:
     def count_forwards(self, target, draft=None, head: ForwardLog | None = None) -> None:
         """Forward counts and the tokens fed per forward (the bound's cost model reads these), from the CachedLMs
         (or anything with ``sizes``) the method drove; ``head``: a draft head's forwards (recorded, priced by the
-        run's bound, not counted in ``draft_forwards``)."""
+        run's bound, not counted in ``draft_forwards``). Rows of logits and the cache length before each forward
+        (``contexts``: the bound prices a forward at its context) where the model keeps them."""
         self.target_forwards = len(target.sizes)
-        self.forward_sizes, self.forward_rows = {}, {}
+        self.forward_sizes, self.forward_rows, self.forward_contexts = {}, {}, {}
         for role, lm in zip(ROLES, (target, draft, head)):
             if lm is None:
                 continue
             self.forward_sizes[role] = list(lm.sizes)
-            rows = list(getattr(lm, "rows", ()))
-            if len(rows) == len(lm.sizes):  # hf_assisted's hooks see sizes only
-                self.forward_rows[role] = rows
+            for kept, name in ((self.forward_rows, "rows"), (self.forward_contexts, "contexts")):
+                values = list(getattr(lm, name, ()))
+                if len(values) == len(lm.sizes):  # hf_assisted's hooks see sizes only; a head keeps no contexts
+                    kept[role] = values
         if draft is not None:
             self.draft_forwards = len(draft.sizes)
 

@@ -45,6 +45,7 @@ class LlamaCppLM:
         self.vocab = vocab
         self.sizes: list[int] = []  # tokens fed per decode, and rows of logits each asked for
         self.rows: list[int] = []
+        self.contexts: list[int] = []  # positions cached before each decode (committed text and tree nodes)
         self.committed = 0
         self.nodes: list[TreeNode] = []
         self.free = list(range(context_sequences(context) - 1, COMMITTED, -1))  # a stack of unused ids
@@ -60,7 +61,7 @@ class LlamaCppLM:
 
     def reset(self) -> None:
         self.context.claim(self)
-        self.sizes, self.rows, self.committed, self.nodes = [], [], 0, []
+        self.sizes, self.rows, self.contexts, self.committed, self.nodes = [], [], [], 0, []
         self.free = list(range(context_sequences(self.context) - 1, COMMITTED, -1))
 
     def _check_owner(self) -> None:
@@ -76,7 +77,7 @@ class LlamaCppLM:
         if cached_parents and parents is None:
             raise ValueError("cached_parents needs parents: new nodes are placed in the cached tree by their links")
         self._check_owner()
-        n = len(ids)
+        n, before = len(ids), self.length
         output_from = 0 if keep_last is None else n - min(keep_last, n)
         if parents is None:
             self._commit_leading(len(self.nodes))  # a plain sequence continues the committed text
@@ -85,6 +86,7 @@ class LlamaCppLM:
             self.committed += n
         else:
             logits = self._forward_tree(list(ids), list(parents), list(cached_parents), output_from)
+        self.contexts.append(before)
         self.sizes.append(n)
         self.rows.append(n - output_from)
         return fit_vocabulary(logits, self.vocab)

@@ -242,6 +242,7 @@ class StaticLM:
         self.length = 0
         self.sizes: list[int] = []  # tokens fed per call, and rows of logits each computed (keep_last)
         self.rows: list[int] = []
+        self.contexts: list[int] = []  # positions cached before each call
         self.hidden: torch.Tensor | None = None
 
     @property
@@ -250,7 +251,7 @@ class StaticLM:
 
     def reset(self) -> None:
         self.session = self.static.open()
-        self.length, self.sizes, self.rows, self.hidden = 0, [], [], None
+        self.length, self.sizes, self.rows, self.contexts, self.hidden = 0, [], [], [], None
 
     def _check(self) -> None:
         if self.session != self.static.session:
@@ -274,6 +275,7 @@ class StaticLM:
             prefix, positions, local = tree_layout(parents, past, cached_parents)
         hidden = self.static.forward(ids, positions, past, prefix, local)  # (n, H)
         self.length = past + n
+        self.contexts.append(past)
         self.sizes.append(n)
         self.rows.append(min(keep_last or n, n))
         if self.keeps_features:

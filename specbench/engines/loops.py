@@ -166,5 +166,6 @@ class LoopBackend:
             accepted_steps=gen.accepted_steps,  # per step: of those, draft tokens accepted and kept
             forward_sizes=gen.forward_sizes,
             forward_rows=gen.forward_rows,  # rows of logits per forward (what the lm head cost): costs.py
+            forward_contexts=gen.forward_contexts,  # positions cached before each forward (what it attended to)
             extra=gen.extra,
         )

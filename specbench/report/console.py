@@ -102,8 +102,11 @@ def render_headline(name: str, s: dict) -> str:
     if limit and not s.get("is_baseline"):
         ratio = limit.get("verify_ratio")
         verify = f"; T({ratio['k']})/T(1) = {ratio['ratio']:.2f}" if ratio else ""
+        far = limit.get("long_context")
+        where = (f" (each forward priced at its context, between tables after {limit.get('prompt_tokens')} and "
+                 f"{far['prompt_tokens']} tokens)") if far else ""
         lines.append(f"bound from this machine's forward costs: {limit['bound']:.2f}x{verify}; efficiency "
-                     f"(Σ/Σ speed-up / bound) {fmt(limit.get('efficiency'))}")
+                     f"(Σ/Σ speed-up / bound) {fmt(limit.get('efficiency'))}{where}")
     lines.append(f"tau (mean tokens per target forward): {fmt(s.get('tau'))}")
     lines.append(f"acceptance rate: {fmt(s.get('acceptance_rate'))}")
     alpha = alpha_text(s.get("alpha"))

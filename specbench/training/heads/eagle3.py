@@ -85,7 +85,7 @@ def padded_batch(sequences: list[dict], max_length: int) -> tuple[torch.Tensor, 
 
 
 def train_eagle3_stage(head: DraftHead, parts: TargetParts, target, sequences: list[dict], t2d: torch.Tensor,
-                       steps: int, epochs: float, lr: float, batch_tokens: int = 1024, max_length: int = 256,
+                       *, steps: int, epochs: float, lr: float, batch_tokens: int = 1024, max_length: int = 256,
                        warmup_steps: int = 0, clip_value: float = 0.5, betas=(0.9, 0.95), seed: int = 0,
                        log=None) -> list[dict]:
     """Train ``head`` in place for ``epochs`` passes over ``sequences`` ({ids, start}: the heads pipeline's data)

@@ -237,9 +237,10 @@ class HeadPipeline:
             began = time.perf_counter()
             if config.kind == "eagle3":  # training-time test, features from the target at train time
                 stage, s = self.settings.stages[index - 1], self.settings
-                rows = train_eagle3_stage(head, parts, target, train_set, t2d, stage.passes, stage.epochs, stage.lr,
-                                          s.batch_tokens, s.max_length, s.warmup_steps,
-                                          s.clip_value, s.betas, s.seed, log)
+                rows = train_eagle3_stage(head, parts, target, train_set, t2d, steps=stage.passes,
+                                          epochs=stage.epochs, lr=stage.lr, batch_tokens=s.batch_tokens,
+                                          max_length=s.max_length, warmup_steps=s.warmup_steps,
+                                          clip_value=s.clip_value, betas=s.betas, seed=s.seed, log=log)
             else:
                 run = StageRun(head, parts, self.settings, self.settings.stages[index - 1], index, stage_dir, log)
                 rows = run.run(train_set, t2d)
