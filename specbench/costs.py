@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import statistics
 from bisect import bisect_left
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .decoding.cached_lm import CachedLM
 from .decoding.generation import ROLES
@@ -27,6 +27,7 @@ TABLE_SIZES = (1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 24, 32)
 EXTRA_SIZES = (48, 64, 128, 256, 512)  # prefill-sized blocks, only to predict prefills
 MEASURED_UP_TO = 64  # run_bound measures every block size a run fed up to this (Ouroboros' draft feeds 25-50)
 ANCHORS = {1, 32, MEASURED_UP_TO}  # and these, to extrapolate prefills
+ROW_COUNTS = (2, 3, 5, 8, 12, 16, 20, 24, 32)  # rows of logits timed on the probe block (the lm head's cost curve)
 MIN_CONTEXT_GAP = 256  # a run reaching this much past its first prompt also gets a table after its longest context
 
 
@@ -64,17 +65,27 @@ class ForwardCosts:
     """One model's forward costs as a run's bound reads them: ``ms[k]`` one forward of k tokens keeping ONE row of
     logits, ``row_ms`` each further row kept (the lm head over a vocabulary of ~150k is ~15% of a 1.5B model's
     per-token cost and ~25% of a 0.5B one's, so a 40-token draft block with all rows and a 40-token prefill with one
-    differ by that much). T(k, rows) = T(k) + (rows - 1) * row_ms: the head's cost is linear in its rows."""
+    differ by that much). T(k, rows) = T(k) + the head's extra cost for ``rows`` rows over one: ``rows_ms[r]``,
+    timed on one probe block for r in ROW_COUNTS and interpolated between them. It is not linear: on llama.cpp
+    (the 1.5B target, Zen 5) the 2nd..5th rows cost ~3 ms each, rows 20..32 ~1.1 ms (one row runs the head as a
+    matrix-vector product, several as a matrix product); priced at the 32-row average, a 5-token verify's logits
+    looked 60% cheaper than they are. ``row_ms`` (that average) prices rows where no curve was measured (summaries
+    written before it)."""
 
     ms: dict[int, float]
     row_ms: float = 0.0
+    rows_ms: dict[int, float] = field(default_factory=dict)  # r -> ms of r rows of logits over one row (r > 1)
 
     def at(self, k: int, rows: int | None = None, context: int | None = None) -> float:
         """ms of a forward of k tokens keeping ``rows`` rows of logits (None: all k); one table has one context."""
-        return interpolate(self.ms, k) + ((k if rows is None else rows) - 1) * self.row_ms
+        rows = k if rows is None else rows
+        if rows <= 1:
+            return interpolate(self.ms, k)
+        extra = interpolate({1: 0.0, **self.rows_ms}, rows) if self.rows_ms else (rows - 1) * self.row_ms
+        return interpolate(self.ms, k) + extra
 
     def as_record(self) -> dict:
-        return {"one_row_ms": self.ms, "row_ms": self.row_ms}
+        return {"one_row_ms": self.ms, "row_ms": self.row_ms, "rows_ms": self.rows_ms}
 
 
 @dataclass
@@ -97,12 +108,18 @@ class ContextCosts:
 
 
 def measure_forward_costs(model, prompt: list[int], sizes, repeats: int = 3, probe: int = 32) -> ForwardCosts:
-    """``ForwardCosts`` of one model: every size keeping one row, and a ``probe``-token block keeping all its rows
-    too, timed interleaved with them; row_ms = (T(probe, all) - T(probe, one)) / (probe - 1), at least 0."""
-    blocks = [(k, 1) for k in sorted(set(sizes) | {probe})] + [(probe, probe)]
+    """``ForwardCosts`` of one model: every size keeping one row, and the ``probe``-token block keeping r rows for r
+    in ROW_COUNTS up to ``probe`` (all of them last), all timed interleaved; rows_ms[r] = T(probe, r) - T(probe, 1),
+    made non-decreasing in r (more rows never cost less: what noise says otherwise is noise); row_ms = the
+    average over all probe rows, at least 0."""
+    counts = sorted({r for r in ROW_COUNTS if 1 < r < probe} | {probe})
+    blocks = [(k, 1) for k in sorted(set(sizes) | {probe})] + [(probe, r) for r in counts]
     ms = time_blocks(as_lm(model), prompt, blocks, repeats)
-    row_ms = max(0.0, (ms[(probe, probe)] - ms[(probe, 1)]) / (probe - 1))
-    return ForwardCosts({k: v for (k, rows), v in ms.items() if rows == 1}, row_ms)
+    rows_ms, most = {}, 0.0
+    for r in counts:
+        most = max(most, ms[(probe, r)] - ms[(probe, 1)])
+        rows_ms[r] = most
+    return ForwardCosts({k: v for (k, rows), v in ms.items() if rows == 1}, rows_ms[probe] / (probe - 1), rows_ms)
 
 
 def interpolate(costs: dict[int, float], k: int) -> float:
@@ -180,8 +197,9 @@ def stored_costs(run_bound: dict, role: str):
     """One model's costs as ``run_bound`` stores them: ``<role>_ms`` / ``<role>_row_ms`` after the run's prompt,
     and, where the run reached a long context, the same under ``long_context`` (then a ``ContextCosts``)."""
     def table(d):
-        ms = d.get(f"{role}_ms")
-        return ForwardCosts({int(k): v for k, v in ms.items()}, d.get(f"{role}_row_ms") or 0.0) if ms else None
+        ms, curve = d.get(f"{role}_ms"), d.get(f"{role}_rows_ms") or {}
+        return ForwardCosts({int(k): v for k, v in ms.items()}, d.get(f"{role}_row_ms") or 0.0,
+                            {int(r): v for r, v in curve.items()}) if ms else None
 
     near, far = table(run_bound), table(run_bound.get("long_context") or {})
     if near is None or far is None:
@@ -236,14 +254,14 @@ def run_bound(pair, records: list, baseline: list, prompt: list[int], repeats: i
         if fed["draft"] and (draft is not None or pair.draft is not None):
             drafter = draft if draft is not None else pair.lm("draft")
             near["draft"] = measure_forward_costs(drafter, after, fed["draft"] | ANCHORS, repeats=repeats)
-        return {key: value for role, costs in near.items()
-                for key, value in ((f"{role}_ms", costs.ms), (f"{role}_row_ms", costs.row_ms))}
+        return {key: value for role, costs in near.items() for key, value in
+                ((f"{role}_ms", costs.ms), (f"{role}_row_ms", costs.row_ms), (f"{role}_rows_ms", costs.rows_ms))}
 
     result = {"target_ms": None, "target_row_ms": None, "draft_ms": None, "draft_row_ms": None, **tables(prompt),
               "prompt_tokens": len(prompt)}
     if fed["head"] and head is not None:
         probe = measure_forward_costs(head, prompt, fed["head"] | {1}, repeats=repeats)
-        result.update(head_ms=probe.ms, head_row_ms=probe.row_ms)
+        result.update(head_ms=probe.ms, head_row_ms=probe.row_ms, head_rows_ms=probe.rows_ms)
     far = long_context(records + base, len(prompt))
     if far is not None:  # a cyclic copy of the prompt: a forward's cost depends on how much it attends to, not on what
         result["long_context"] = {"prompt_tokens": far, **tables((prompt * (far // len(prompt) + 1))[:far])}
@@ -252,6 +270,7 @@ def run_bound(pair, records: list, baseline: list, prompt: list[int], repeats: i
         return None
     verify = max((k for r in records for turn in r.turn_list for k in turn.forward_sizes.get("target", [])[1:]
                   if 1 < k <= MEASURED_UP_TO), default=None)  # the largest verify block (not a prompt's), T(k)/T(1)
-    near = ForwardCosts(result["target_ms"], result["target_row_ms"])
+    near = stored_costs(result, "target")
+    near = near.tables[0] if isinstance(near, ContextCosts) else near
     return {"bound": limit, **result,
             "verify_ratio": {"k": verify, "ratio": near.at(verify) / near.at(1)} if verify else None}

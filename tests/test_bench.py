@@ -141,6 +141,20 @@ def test_measured_row_cost_is_the_difference_of_all_rows_and_one():
     finally:
         module.Stopwatch = real
     assert measured.ms == {1: 1.25, 4: 4.25, 8: 8.25} and measured.row_ms == 0.25
+    assert measured.rows_ms == {2: 0.25, 3: 0.5, 5: 1.0, 8: 1.75}  # ROW_COUNTS below the probe, and the probe's all
+
+
+def test_rows_of_logits_are_priced_on_the_measured_curve_not_a_straight_line():
+    """On llama.cpp the 2nd..5th rows of logits cost ~3 ms each and rows 20..32 ~1.1 ms (one row is a matrix-vector
+    product, several a matrix product): the 32-row average priced a 5-token verify's 4 extra rows at 4.4 ms where
+    they cost 12."""
+    curve = costs.ForwardCosts({1: 30.0, 5: 72.0, 32: 200.0}, row_ms=1.2, rows_ms={2: 3.0, 5: 12.0, 32: 37.0})
+    assert curve.at(5) == 72.0 + 12.0 and curve.at(5, 1) == 72.0 and curve.at(1) == 30.0
+    assert curve.at(32, 20) == pytest.approx(200.0 + 12.0 + (37.0 - 12.0) * 15 / 27)  # between the measured counts
+    line = costs.ForwardCosts({1: 30.0, 5: 72.0}, row_ms=1.2)  # a summary written before the curve: as it was
+    assert line.at(5) == pytest.approx(72.0 + 4 * 1.2)
+    stored = {"target_ms": {"1": 30.0, "5": 72.0}, "target_row_ms": 1.2, "target_rows_ms": {"2": 3.0, "5": 12.0}}
+    assert costs.stored_costs(stored, "target").at(5) == 84.0
 
 
 def test_bench_keys_default_to_the_old_options_and_paths():

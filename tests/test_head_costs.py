@@ -52,10 +52,7 @@ def test_head_forwards_are_recorded_and_priced_by_the_bound(kind, tmp_path):
     assert set(fed) | {1} <= set(priced["head_ms"]) and all(ms > 0 for ms in priced["head_ms"].values())
     assert "head_ms" not in costs.run_bound(tiny_pair(), run, base, PROMPT, repeats=1)  # no probe: not measured
 
-    def table(prefix):
-        return costs.ForwardCosts({int(k): v for k, v in priced[f"{prefix}_ms"].items()}, priced[f"{prefix}_row_ms"])
-
-    target, head = table("target"), table("head")
+    target, head = costs.stored_costs(priced, "target"), costs.stored_costs(priced, "head")
     assert priced["bound"] == pytest.approx(costs.bound(run, base, target, None, head))
     free = costs.bound(run, base, target, None)  # what the bound was: the head's forwards cost nothing
     head_ms = costs.predicted_ms(run, None, None, head)
