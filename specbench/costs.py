@@ -257,8 +257,7 @@ def run_bound(pair, records: list, baseline: list, prompt: list[int], repeats: i
         return {key: value for role, costs in near.items() for key, value in
                 ((f"{role}_ms", costs.ms), (f"{role}_row_ms", costs.row_ms), (f"{role}_rows_ms", costs.rows_ms))}
 
-    result = {"target_ms": None, "target_row_ms": None, "draft_ms": None, "draft_row_ms": None, **tables(prompt),
-              "prompt_tokens": len(prompt)}
+    result = {"draft_ms": None, "draft_row_ms": None, **tables(prompt), "prompt_tokens": len(prompt)}
     if fed["head"] and head is not None:
         probe = measure_forward_costs(head, prompt, fed["head"] | {1}, repeats=repeats)
         result.update(head_ms=probe.ms, head_row_ms=probe.row_ms, head_rows_ms=probe.rows_ms)
@@ -270,7 +269,6 @@ def run_bound(pair, records: list, baseline: list, prompt: list[int], repeats: i
         return None
     verify = max((k for r in records for turn in r.turn_list for k in turn.forward_sizes.get("target", [])[1:]
                   if 1 < k <= MEASURED_UP_TO), default=None)  # the largest verify block (not a prompt's), T(k)/T(1)
-    near = stored_costs(result, "target")
-    near = near.tables[0] if isinstance(near, ContextCosts) else near
+    near = ForwardCosts(result["target_ms"], result["target_row_ms"], result["target_rows_ms"])  # after the prompt
     return {"bound": limit, **result,
             "verify_ratio": {"k": verify, "ratio": near.at(verify) / near.at(1)} if verify else None}

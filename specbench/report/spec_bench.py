@@ -7,8 +7,7 @@ One run of a method covers every category (``data=spec_bench``: each record carr
 other speed-up here (metrics.summarize: paired with greedy prompt by prompt), and its bound and efficiency from the
 forward costs T(k) the run measured after its last round (its summary's ``bound``: costs.run_bound), priced on that
 category's forwards only (costs.repriced). The leaderboard's numbers (published/spec_bench.csv) are one setting of it,
-picked by
-``experiment.published_where``; its τ is overall only.
+picked by ``experiment.published_where``; its τ is overall only.
 
 Where we differ: Spec-Bench's speed-up is the mean tok/s over all prompts of the method over that of greedy, each
 timed in a separate pass (evaluation/speed.py); ours is the mean of per-prompt paired ratios (design.md).
