@@ -177,6 +177,41 @@ def bound(records: list, baseline: list, target_costs, draft_costs, head_costs=N
     return base_ms / method_ms * (ours / theirs if ours and theirs else 1.0)
 
 
+def timed_side(records: list, target_costs, draft_costs, head_costs=None) -> dict | None:
+    """One side's forwards as timed in the run (``forward_ms``, timing.ForwardClock) against the cost table and its
+    wall time: {"wall_ms", "forward_ms", "predicted_ms", "vs_table": forward_ms / predicted_ms, "forward_share":
+    forward_ms / wall_ms}. None where a record has forwards without times (a GPU, vLLM, records from before them)."""
+    timed = 0.0
+    for r in records:
+        sizes, times = r.forward_sizes or {}, r.forward_ms or {}
+        if any(fed and len(times.get(role) or ()) != len(fed) for role, fed in sizes.items()):
+            return None
+        timed += sum(sum(times.get(role) or ()) for role in sizes)
+    wall = 1000 * sum(r.wall_s or 0.0 for r in records)
+    predicted = predicted_ms(records, target_costs, draft_costs, head_costs)
+    if not records or timed <= 0 or wall <= 0 or predicted <= 0:
+        return None
+    return {"wall_ms": wall, "forward_ms": timed, "predicted_ms": predicted, "vs_table": timed / predicted,
+            "forward_share": timed / wall}
+
+
+def forward_split(records: list, baseline: list, target_costs, draft_costs, head_costs=None) -> dict | None:
+    """Efficiency (measured speed-up / bound) as two factors whose product it is, from each forward's wall time in
+    the run (``forward_ms``): efficiency = (G_wall / G_pred) / (M_wall / M_pred) for the method M and its paired
+    baseline G (the token counts cancel), and each side's wall = its forwards' time / their share of it, so
+      forwards = (G_fwd / G_pred) / (M_fwd / M_pred)   the method's forwards against the table, relative to greedy's
+                                                         (< 1: its forwards ran slower in the loop than when tabled)
+      host     = (G_wall / G_fwd) / (M_wall / M_fwd)   the method's own work between forwards, relative to greedy's
+                                                         (drafting on the host, tree building, sampling, Python).
+    None where either side's forwards were not timed."""
+    method = timed_side(records, target_costs, draft_costs, head_costs)
+    base = timed_side(baseline, target_costs, draft_costs, head_costs)
+    if method is None or base is None:
+        return None
+    return {"forwards": base["vs_table"] / method["vs_table"], "host": method["forward_share"] / base["forward_share"],
+            "method": method, "baseline": base}
+
+
 def repriced(run_bound: dict | None, records, baseline, speedup_total) -> dict | None:
     """A run's bound (``run_bound``: each model's T(k), measured once after the run) priced on ``records`` (a run's,
     or some of them: one category's, the prompts a report selects) and their paired baseline records, with
@@ -187,10 +222,13 @@ def repriced(run_bound: dict | None, records, baseline, speedup_total) -> dict |
 
     if not run_bound or not run_bound.get("target_ms") or not baseline:
         return None
-    limit = bound(records, matched_baseline(records, baseline), *(stored_costs(run_bound, role) for role in ROLES))
+    paired = matched_baseline(records, baseline)
+    costs = [stored_costs(run_bound, role) for role in ROLES]
+    limit = bound(records, paired, *costs)
     if limit is None:
         return None
-    return {**run_bound, "bound": limit, "efficiency": speedup_total / limit if speedup_total else None}
+    return {**run_bound, "bound": limit, "efficiency": speedup_total / limit if speedup_total else None,
+            "split": forward_split(records, paired, *costs)}
 
 
 def stored_costs(run_bound: dict, role: str):
@@ -264,11 +302,12 @@ def run_bound(pair, records: list, baseline: list, prompt: list[int], repeats: i
     far = long_context(records + base, len(prompt))
     if far is not None:  # a cyclic copy of the prompt: a forward's cost depends on how much it attends to, not on what
         result["long_context"] = {"prompt_tokens": far, **tables((prompt * (far // len(prompt) + 1))[:far])}
-    limit = bound(records, base, *(stored_costs(result, role) for role in ROLES))
+    costs = [stored_costs(result, role) for role in ROLES]
+    limit = bound(records, base, *costs)
     if limit is None:
         return None
     verify = max((k for r in records for turn in r.turn_list for k in turn.forward_sizes.get("target", [])[1:]
                   if 1 < k <= MEASURED_UP_TO), default=None)  # the largest verify block (not a prompt's), T(k)/T(1)
     near = ForwardCosts(result["target_ms"], result["target_row_ms"], result["target_rows_ms"])  # after the prompt
-    return {"bound": limit, **result,
+    return {"bound": limit, **result, "split": forward_split(records, base, *costs),
             "verify_ratio": {"k": verify, "ratio": near.at(verify) / near.at(1)} if verify else None}

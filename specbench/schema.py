@@ -39,6 +39,7 @@ class TurnRecord:
     forward_sizes: dict = field(default_factory=dict)        # {"target"|"draft"|"head": tokens fed per forward}
     forward_rows: dict = field(default_factory=dict)         # {"target"|"draft"|"head": rows of logits per forward}
     forward_contexts: dict = field(default_factory=dict)     # {"target"|"draft": positions cached before each forward}
+    forward_ms: dict = field(default_factory=dict)           # {"target"|"draft": wall ms of each forward} (a CPU only)
     extra: dict = field(default_factory=dict)                # a method's own per-step data (sl, lcp, vllm_spec ...)
 
     @classmethod
@@ -47,7 +48,7 @@ class TurnRecord:
 
     def to_dict(self) -> dict:
         out = {f: getattr(self, f) for f in TURN_FIELDS}
-        for key in ("forward_rows", "forward_contexts"):  # an engine that does not count them (vLLM) writes none
+        for key in ("forward_rows", "forward_contexts", "forward_ms"):  # an engine that does not count them writes none
             if not out[key]:
                 del out[key]
         return out
@@ -153,5 +154,7 @@ def combine_turns(turns: list[TurnRecord]) -> TurnRecord:
                       if all(model in t.forward_rows for t in turns)},
         forward_contexts={model: [c for t in turns for c in t.forward_contexts[model]] for model in ROLES
                           if all(model in t.forward_contexts for t in turns)},
+        forward_ms={model: [ms for t in turns for ms in t.forward_ms[model]] for model in ROLES
+                    if all(model in t.forward_ms for t in turns)},
         extra={},
     )

@@ -28,3 +28,26 @@ class Stopwatch:
     def stop(self) -> float:
         self._sync()
         return time.perf_counter() - self._t0
+
+
+class ForwardClock:
+    """Wall milliseconds of each model forward (``ms``, in call order), read around the call by the wrapper that runs
+    it (CachedLM, StaticLM, LlamaCppLM): the harness's clock, never a method's. Records keep them (``forward_ms``) so
+    an efficiency below 1 splits into forwards that ran slower than their cost table and host work between forwards
+    (costs.forward_split). Kept only where a forward has finished when it returns (the CPU, llama.cpp): on a GPU a
+    reading per forward would need a synchronize, which changes what is measured, so ``ms`` stays empty there."""
+
+    def __init__(self, device: torch.device):
+        self.kept = torch.device(device).type == "cpu"
+        self.ms: list[float] = []
+        self._t0 = 0.0
+
+    def reset(self) -> None:
+        self.ms = []
+
+    def start(self) -> None:
+        self._t0 = time.perf_counter()
+
+    def stop(self) -> None:
+        if self.kept:
+            self.ms.append(1000 * (time.perf_counter() - self._t0))

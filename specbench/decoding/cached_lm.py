@@ -11,6 +11,7 @@ from typing import Sequence
 import torch
 
 from ..models.cache_api import cache_argument, returned_cache
+from ..timing import ForwardClock
 from .token_tree import tree_inputs
 
 
@@ -31,6 +32,7 @@ class CachedLM:
         self.sizes: list[int] = []  # tokens fed per model call since reset(), in order
         self.rows: list[int] = []  # rows of logits each call computed (keep_last), in order
         self.contexts: list[int] = []  # positions cached before each call (what its attention read besides itself)
+        self.clock = ForwardClock(self.device)  # wall ms of each call (on the CPU only: timing.ForwardClock)
 
     @property
     def forwards(self) -> int:
@@ -40,6 +42,7 @@ class CachedLM:
     def reset(self) -> None:
         self.cache = None
         self.sizes, self.rows, self.contexts = [], [], []
+        self.clock.reset()
 
     @property
     def length(self) -> int:
@@ -61,6 +64,7 @@ class CachedLM:
         """
         if len(ids) == 0:
             raise ValueError("CachedLM.forward needs at least one token")
+        self.clock.start()
         input_ids = torch.tensor([list(ids)], dtype=torch.long, device=self.device)
         kwargs = {}
         if keep_last is not None:
@@ -76,7 +80,9 @@ class CachedLM:
         self.contexts.append(before)
         self.sizes.append(len(ids))
         self.rows.append(min(keep_last or len(ids), len(ids)))
-        return fit_vocabulary(logits[0].float(), self.vocab)
+        logits = fit_vocabulary(logits[0].float(), self.vocab)
+        self.clock.stop()
+        return logits
 
     def _run(self, input_ids: torch.Tensor, kwargs: dict) -> torch.Tensor:
         """One model call on (1, n) ids after the cache; keeps the new cache, returns (1, k, V) logits."""

@@ -40,6 +40,7 @@ class Generation:
     forward_sizes: dict = field(default_factory=dict)  # {"target": [tokens fed per call], "draft"|"head": [...]}
     forward_rows: dict = field(default_factory=dict)  # {"target": [rows of logits per call], ...} where known
     forward_contexts: dict = field(default_factory=dict)  # {"target": [positions cached before each call], ...}
+    forward_ms: dict = field(default_factory=dict)  # {"target": [wall ms of each call], ...} where timed (a CPU)
 
     def add_step(self, out: list[int], emitted: list[int], accepted: int, max_new_tokens: int,
                  eos_ids: set[int], proposed: int | None = None) -> None:
@@ -70,15 +71,19 @@ class Generation:
         """Forward counts and the tokens fed per forward (the bound's cost model reads these), from the CachedLMs
         (or anything with ``sizes``) the method drove; ``head``: a draft head's forwards (recorded, priced by the
         run's bound, not counted in ``draft_forwards``). Rows of logits and the cache length before each forward
-        (``contexts``: the bound prices a forward at its context) where the model keeps them."""
+        (``contexts``: the bound prices a forward at its context) where the model keeps them, and each forward's wall
+        ms where its wrapper timed them (``clock``: timing.ForwardClock, on the CPU)."""
         self.target_forwards = len(target.sizes)
-        self.forward_sizes, self.forward_rows, self.forward_contexts = {}, {}, {}
+        self.forward_sizes, self.forward_rows, self.forward_contexts, self.forward_ms = {}, {}, {}, {}
         for role, lm in zip(ROLES, (target, draft, head)):
             if lm is None:
                 continue
             self.forward_sizes[role] = list(lm.sizes)
-            for kept, name in ((self.forward_rows, "rows"), (self.forward_contexts, "contexts")):
-                values = list(getattr(lm, name, ()))
+            clock = getattr(lm, "clock", None)
+            for kept, values in ((self.forward_rows, getattr(lm, "rows", ())),
+                                 (self.forward_contexts, getattr(lm, "contexts", ())),
+                                 (self.forward_ms, clock.ms if clock is not None else ())):
+                values = list(values)
                 if len(values) == len(lm.sizes):  # hf_assisted's hooks see sizes only; a head keeps no contexts
                     kept[role] = values
         if draft is not None:

@@ -20,6 +20,7 @@ from typing import Sequence
 
 import torch
 
+from ..timing import ForwardClock
 from .cached_lm import fit_vocabulary
 from .token_tree import depths
 
@@ -46,6 +47,7 @@ class LlamaCppLM:
         self.sizes: list[int] = []  # tokens fed per decode, and rows of logits each asked for
         self.rows: list[int] = []
         self.contexts: list[int] = []  # positions cached before each decode (committed text and tree nodes)
+        self.clock = ForwardClock(self.device)  # wall ms of each decode (timing.ForwardClock)
         self.committed = 0
         self.nodes: list[TreeNode] = []
         self.free = list(range(context_sequences(context) - 1, COMMITTED, -1))  # a stack of unused ids
@@ -62,6 +64,7 @@ class LlamaCppLM:
     def reset(self) -> None:
         self.context.claim(self)
         self.sizes, self.rows, self.contexts, self.committed, self.nodes = [], [], [], 0, []
+        self.clock.reset()
         self.free = list(range(context_sequences(self.context) - 1, COMMITTED, -1))
 
     def _check_owner(self) -> None:
@@ -77,6 +80,7 @@ class LlamaCppLM:
         if cached_parents and parents is None:
             raise ValueError("cached_parents needs parents: new nodes are placed in the cached tree by their links")
         self._check_owner()
+        self.clock.start()
         n, before = len(ids), self.length
         output_from = 0 if keep_last is None else n - min(keep_last, n)
         if parents is None:
@@ -89,7 +93,9 @@ class LlamaCppLM:
         self.contexts.append(before)
         self.sizes.append(n)
         self.rows.append(n - output_from)
-        return fit_vocabulary(logits, self.vocab)
+        logits = fit_vocabulary(logits, self.vocab)
+        self.clock.stop()
+        return logits
 
     def _forward_tree(self, ids: list[int], parents: list[int], cached_parents: list[int],
                       output_from: int) -> torch.Tensor:

@@ -28,6 +28,7 @@ import torch
 
 from ..errors import ConfigError
 from ..models.cache_api import cache_argument
+from ..timing import ForwardClock
 from .cached_lm import fit_vocabulary
 from .graphs import cuda_capture  # noqa: F401  (looked up here by ModelPair.static_for: tests stand it in)
 from .static_cache import StaticKV
@@ -243,6 +244,7 @@ class StaticLM:
         self.sizes: list[int] = []  # tokens fed per call, and rows of logits each computed (keep_last)
         self.rows: list[int] = []
         self.contexts: list[int] = []  # positions cached before each call
+        self.clock = ForwardClock(self.device)  # wall ms of each call (on the CPU only: timing.ForwardClock)
         self.hidden: torch.Tensor | None = None
 
     @property
@@ -252,6 +254,7 @@ class StaticLM:
     def reset(self) -> None:
         self.session = self.static.open()
         self.length, self.sizes, self.rows, self.contexts, self.hidden = 0, [], [], [], None
+        self.clock.reset()
 
     def _check(self) -> None:
         if self.session != self.static.session:
@@ -267,6 +270,7 @@ class StaticLM:
         if cached_parents and parents is None:
             raise ValueError("cached_parents needs parents: new nodes are placed in the cached tree by their links")
         self._check()
+        self.clock.start()
         n, past = len(ids), self.length
         if parents is None:
             prefix, positions = past, list(range(past, past + n))
@@ -281,7 +285,9 @@ class StaticLM:
         if self.keeps_features:
             self.hidden = hidden
         rows = hidden if keep_last is None else hidden[n - keep_last:]
-        return fit_vocabulary(self.static.head(rows).float(), self.vocab)
+        logits = fit_vocabulary(self.static.head(rows).float(), self.vocab)
+        self.clock.stop()
+        return logits
 
     def features_at(self, rows: Sequence[int]) -> torch.Tensor | None:
         return self.hidden[list(rows)] if self.keeps_features else None

@@ -167,5 +167,6 @@ class LoopBackend:
             forward_sizes=gen.forward_sizes,
             forward_rows=gen.forward_rows,  # rows of logits per forward (what the lm head cost): costs.py
             forward_contexts=gen.forward_contexts,  # positions cached before each forward (what it attended to)
+            forward_ms=gen.forward_ms,  # wall ms of each forward, where timed (costs.forward_split)
             extra=gen.extra,
         )

@@ -107,6 +107,12 @@ def render_headline(name: str, s: dict) -> str:
                  f"{far['prompt_tokens']} tokens)") if far else ""
         lines.append(f"bound from this machine's forward costs: {limit['bound']:.2f}x{verify}; efficiency "
                      f"(Σ/Σ speed-up / bound) {fmt(limit.get('efficiency'))}{where}")
+        split = limit.get("split")
+        if split:  # costs.forward_split: efficiency = forwards x host
+            method, base = split["method"], split["baseline"]
+            lines.append(f"  = forwards {split['forwards']:.2f} (in the loop at {method['vs_table']:.2f}x their "
+                         f"table, greedy's at {base['vs_table']:.2f}x) x host work {split['host']:.2f} (forwards "
+                         f"{method['forward_share']:.0%} of its wall time, {base['forward_share']:.0%} of greedy's)")
     lines.append(f"tau (mean tokens per target forward): {fmt(s.get('tau'))}")
     lines.append(f"acceptance rate: {fmt(s.get('acceptance_rate'))}")
     alpha = alpha_text(s.get("alpha"))

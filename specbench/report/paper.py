@@ -91,9 +91,10 @@ def bound_values(bound: dict | None) -> dict:
     """The run's bound, efficiency and T(k)/T(1) (its summary file's ``bound``: costs.run_bound), as table values."""
     if not bound:
         return {}
-    verify = bound.get("verify_ratio") or {}
+    verify, split = bound.get("verify_ratio") or {}, bound.get("split") or {}
     return {"bound": bound.get("bound"), "efficiency": bound.get("efficiency"),
-            "verify_ratio": f"{verify['ratio']:.2f} (k={verify['k']})" if verify else None}
+            "verify_ratio": f"{verify['ratio']:.2f} (k={verify['k']})" if verify else None,
+            "forward_efficiency": split.get("forwards"), "host_efficiency": split.get("host")}
 
 
 def published_entries(spec, keys: list[str]) -> list[Entry]:

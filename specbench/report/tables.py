@@ -38,6 +38,8 @@ METRICS = {
     "bound": Metric("bound", suffix="×"),          # the speed-up the forward costs allow (costs.run_bound)
     "efficiency": Metric("efficiency"),            # speed-up / bound, both Σ/Σ over the run's prompts
     "verify_ratio": Metric("T(k)/T(1)"),           # the largest verify block's cost over one token's
+    "forward_efficiency": Metric("of which forwards"),  # efficiency = forwards x host work (costs.forward_split)
+    "host_efficiency": Metric("of which host work"),
     "latency_speedup": Metric("latency speed-up", suffix="×"),        # per request, paired (= speedup)
     "baseline_batch_tok_per_s": Metric("greedy throughput (tok/s)"),   # engine=vllm: whole batches
     "batch_tok_per_s": Metric("throughput (tok/s)"),
