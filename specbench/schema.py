@@ -48,13 +48,15 @@ class TurnRecord:
 
     def to_dict(self) -> dict:
         out = {f: getattr(self, f) for f in TURN_FIELDS}
-        for key in ("forward_rows", "forward_contexts", "forward_ms"):  # an engine that does not count them writes none
+        for key in PER_FORWARD:  # an engine that does not record them (vLLM) writes none
             if not out[key]:
                 del out[key]
         return out
 
 
 TURN_FIELDS = tuple(f.name for f in fields(TurnRecord))
+# one value per forward, {model: [...]}, recorded where the engine and model keep them (forward_sizes always is)
+PER_FORWARD = ("forward_rows", "forward_contexts", "forward_ms")
 OPTIONAL = ("category", "turns", "batch", "pairing", "lossless", "score", "tuned")  # written only when set
 
 
@@ -150,11 +152,7 @@ def combine_turns(turns: list[TurnRecord]) -> TurnRecord:
         accepted_steps=[n for t in turns for n in t.accepted_steps],
         forward_sizes={model: [k for t in turns for k in t.forward_sizes.get(model, [])]
                        for model in ROLES if model != "head" or any(model in t.forward_sizes for t in turns)},
-        forward_rows={model: [r for t in turns for r in t.forward_rows[model]] for model in ROLES
-                      if all(model in t.forward_rows for t in turns)},
-        forward_contexts={model: [c for t in turns for c in t.forward_contexts[model]] for model in ROLES
-                          if all(model in t.forward_contexts for t in turns)},
-        forward_ms={model: [ms for t in turns for ms in t.forward_ms[model]] for model in ROLES
-                    if all(model in t.forward_ms for t in turns)},
+        **{key: {model: [v for t in turns for v in getattr(t, key)[model]] for model in ROLES
+                 if all(model in getattr(t, key) for t in turns)} for key in PER_FORWARD},
         extra={},
     )
