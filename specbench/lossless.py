@@ -1,35 +1,46 @@
 """Is a divergence from greedy a bug, or rounding at a near-tie? (docs/design.md, *Identical to greedy: near-ties and
 mismatches*)
 
-In bf16/fp16 a k-token forward and k one-token forwards sum in different orders, so their logits differ
-slightly, and where the target's two best tokens are that close, a correct method can pick the other
-one. So at a prompt's first divergence (after the clock stopped) we recompute the target's logits at
-that prefix, by a one-token step after a prefill of the rest, and by a 5-token block, and take the **gap**
-between greedy's token g and the method's token m on the one-token path: gap = l'(g) - l'(m).
+Three checks, at temperature 0, after the clocks stopped; ``check`` in a verdict names the one that decided:
 
-Tolerance, and why: let δ bound |l_a(v) - l_b(v)| for every token v between any two of the ways a prefix
-can be fed (token by token as greedy did, in blocks as a method does, prefilled as we recompute). Greedy's
-own logits l had l(g) >= l(m). The method chose m on logits l + Δ (|Δ| <= δ), so l(g) - l(m) <= 2δ; and
-our recomputation l' is within δ of l for every token, so gap = l'(g) - l'(m) <= l(g) - l(m) + 2δ <= 4δ.
-A gap above 4δ cannot come from that noise: **MISMATCH** (a bug). A gap within it is a **near-tie**. δ is
-measured, never assumed: the largest |Δ| over every vocabulary entry at every position of a calibration run
-(``measure_noise``: 2 prompts x 32 positions fed token by token, and in blocks of 2/4/8/16/32 tokens —
-the largest block a method here feeds is lookahead's 31 — causal and tree-masked), and at the divergence
-itself; the larger of the two is used. The calibration is cached per (pair, weights, dtype, linear kernel,
-threads, torch, device and its name) under ``$SPECBENCH_CACHE/noise/``.
+1. **own_forward — every token is its own forward's argmax.** Each emitted token carries its margin under the row of
+   logits it was taken from (decoding/evidence.py). A negative margin, or an output token other than the one its row
+   was kept for, is a token the method's own verify forward did not rank first: a MISMATCH with no tolerance at all
+   (a verifier accepting the second-best token).
+2. **agreement — where both chose alike, the rows agree within the noise.** Over the tokens both outputs share, the
+   method's row at each position is compared with greedy's by the calibration's own statistic (below): a forward fed
+   at the wrong positions or over a stale cache entry moves its rows further than rounding does, whether or not an
+   argmax flipped, so a bug that has not (yet) changed a token is caught too.
+3. **divergence — a divergence is judged on both forwards' own logits.** Where the method's output first leaves
+   greedy's (greedy took g, the method m), greedy's one-token row preferred g by gap_greedy = l_g(g) − l_g(m) >= 0
+   and the method's own block row preferred m by gap_method = l_m(m) − l_m(g) >= 0. Their sum, the **gap**, equals
+   Δ(m) − Δ(g) with Δ = l_m − l_g: how far the two forwards disagree about this pair of tokens. For a correct method
+   that is numerical noise between a one-token row and a block row; for a buggy one it is the bug's own
+   perturbation (planted bugs on llama.cpp Q4 and transformers fp32/bf16: tests/test_lossless*.py).
+
+The noise is measured, never assumed (``measure_noise``): calibration prompts' greedy continuations fed one token at
+a time and in blocks (BLOCKS: causal 2/4/8/32, tree-masked 4/32; lookahead's 31 is the largest block a method
+here feeds), and for each position the pair disagreement |Δ(b) − Δ(a)| between the step row's argmax a and each of
+its next ``PAIR_RANKS`` tokens b (the tokens a near-tie is between). The tolerance for a divergence from a forward
+that fed k tokens is ``TOLERANCE_FACTOR`` times the largest pair disagreement calibrated at the smallest block size
+>= k (both masks): a high quantile of the right statistic (the calibration's largest of thousands of samples) with
+room for its tail, not 4x the largest single-logit difference over the whole vocabulary, which on llama.cpp Q4 was
+2.48 logits, wide enough to pass a second-best token. The calibration is cached per (pair, weights, dtype, linear
+kernel, threads, torch, device and its name) under ``$SPECBENCH_CACHE/noise/``.
 """
 from __future__ import annotations
 
 import hashlib
 import json
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
 import torch
 
 from .decoding.cached_lm import CachedLM
+from .decoding.evidence import TokenEvidence
 from .environment import device_name
 from .metrics import first_divergence
 from .records import write_json
@@ -38,22 +49,48 @@ CALIBRATION_TEXTS = (
     "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
     "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. "
     "How many clips did Natalia sell altogether in April and May?",
+    "Summarize the following passage in one sentence. The city council met on Tuesday to discuss the new budget, "
+    "which includes funding for road repairs, two new parks and a larger library.",
+    "Translate to German: The weather is nice today, so we are going for a walk by the river.",
+    "Question: Why is the sky blue? Answer in detail, with the physics behind it.",
+    "Write a long story about a dragon who learns to program in Python, with many details.",
 )
 IDENTICAL, NEAR_TIE, MISMATCH = "identical", "near-tie", "MISMATCH"
-TOLERANCE_FACTOR = 4  # gap <= 4δ: see the module docstring
+# blocks fed after the prompt, causal ("causal-k") and through the tree-mask path ("tree-k"): noise changes little
+# beyond 4 tokens here (llama.cpp Q4, bf16), so 16 is left out and the tree path measured at 4 and 32 only
+BLOCKS = (("causal", 2), ("causal", 4), ("causal", 8), ("causal", 32), ("tree", 4), ("tree", 32))
+POSITIONS = 64  # greedy positions per calibration text: long enough for the noise a longer context adds
+PAIR_RANKS = 15  # pair disagreements per position: the step row's argmax against each of its next 15 tokens
+TOLERANCE_FACTOR = 1.5  # tolerance = 1.5 x the largest calibrated pair disagreement (docs/design.md says why)
+NOISE_VERSION = 2  # 2: pair disagreements per block (1: the largest single-logit difference, 4x)
 
 
 @dataclass
 class NoiseProfile:
-    """max |logit(one-token steps) - logit(k-token block)| over the calibration run."""
+    """What the calibration measured, per block ("causal-<k>" / "tree-<k>")."""
 
-    max_abs_diff: float
-    per_block: dict  # "causal-<k>" / "tree-<k>" -> max |Δ| for that path
+    max_abs_diff: float  # the largest |logit(one-token steps) - logit(block)| over every vocabulary entry
+    per_block: dict  # block -> that, per block
     positions: int
+    pair_max: dict = field(default_factory=dict)  # block -> the largest pair disagreement |Δ(b) - Δ(a)|
+    pair_p999: dict = field(default_factory=dict)  # block -> its 99.9th percentile
+    pair_samples: int = 0  # pair disagreements per block
+    version: int = 1
 
-    @property
-    def tolerance(self) -> float:
-        return TOLERANCE_FACTOR * self.max_abs_diff
+    def tolerance(self, block: int | None) -> float:
+        """The largest pair disagreement a correct forward that fed ``block`` tokens can show, with room for the tail:
+        TOLERANCE_FACTOR x the largest calibrated at the smallest calibrated block size >= ``block`` or any smaller
+        one (either mask: a larger block is allowed at least the noise a smaller one showed, which keeps a block's
+        tolerance from resting on one noisy sample maximum); beyond the largest size, or unknown (None), every
+        size's."""
+        sizes = sorted({size_of(key) for key in self.pair_max})
+        reach = next((k for k in sizes if block is not None and k >= block), sizes[-1])
+        return TOLERANCE_FACTOR * max(v for key, v in self.pair_max.items() if size_of(key) <= reach)
+
+
+def size_of(block_key: str) -> int:
+    """"causal-4" -> 4."""
+    return int(block_key.rsplit("-", 1)[1])
 
 
 def _rows_by_blocks(lm: CachedLM, prompt: list[int], tokens: list[int], k: int, tree: bool) -> torch.Tensor:
@@ -88,20 +125,34 @@ def greedy_steps(model, prompt: list[int], n: int) -> tuple[list[int], torch.Ten
     return tokens, torch.stack(rows)
 
 
-def measure_noise(model, prompts: list[list[int]], positions: int = 32, blocks=(2, 4, 8, 16, 32)) -> NoiseProfile:
-    """Feed each prompt's greedy continuation one token at a time and in blocks of k (causal and tree-masked);
-    δ = the largest absolute logit difference between the paths, over all positions and vocabulary entries.
-    ``model``: a model, or a pair (its target in the pair's execution mode: lm_maker)."""
+def pair_disagreements(steps: torch.Tensor, rows: torch.Tensor, ranks: int = PAIR_RANKS) -> torch.Tensor:
+    """Per position, the largest |Δ(b) - Δ(a)|, Δ = rows - steps: a = the step row's argmax, b = each of its next
+    ``ranks`` tokens (what ``row_disagreement`` computes from two kept rows). (positions,)."""
+    order = steps.topk(ranks + 1, dim=-1).indices  # (n, 1 + ranks)
+    delta = (rows.float() - steps.float()).gather(1, order)
+    return torch.nan_to_num((delta[:, 1:] - delta[:, :1]).abs(), nan=0.0, posinf=0.0).max(dim=-1).values
+
+
+def measure_noise(model, prompts: list[list[int]], positions: int = POSITIONS, blocks=BLOCKS) -> NoiseProfile:
+    """Feed each prompt's greedy continuation one token at a time and in blocks of k (``blocks``: (mask, k)); per
+    block: the largest absolute logit difference over every vocabulary entry, and per position the largest pair
+    disagreement between the step row's argmax and its next PAIR_RANKS tokens (their largest and 99.9th percentile
+    over positions). ``model``: a model, or a pair (its target in the pair's execution mode: lm_maker)."""
     per_block: dict[str, float] = {}
+    pairs: dict[str, list[torch.Tensor]] = {}
     new_lm = lm_maker(model)
     for prompt in prompts:
         tokens, steps = greedy_steps(model, prompt, positions)
-        for k in blocks:
-            for tree in (False, True):
-                rows = _rows_by_blocks(new_lm(), prompt, tokens, k, tree)
-                key = f"{'tree' if tree else 'causal'}-{k}"
-                per_block[key] = max(per_block.get(key, 0.0), float((rows - steps).abs().max()))
-    return NoiseProfile(max_abs_diff=max(per_block.values()), per_block=per_block, positions=positions * len(prompts))
+        for mask, k in blocks:
+            rows = _rows_by_blocks(new_lm(), prompt, tokens, k, mask == "tree")
+            key = f"{mask}-{k}"
+            per_block[key] = max(per_block.get(key, 0.0), float((rows - steps).abs().max()))
+            pairs.setdefault(key, []).append(pair_disagreements(steps, rows))
+    samples = {key: torch.cat(values) for key, values in pairs.items()}
+    return NoiseProfile(max_abs_diff=max(per_block.values()), per_block=per_block, positions=positions * len(prompts),
+                        pair_max={k: float(v.max()) for k, v in samples.items()},
+                        pair_p999={k: float(v.quantile(0.999)) for k, v in samples.items()},
+                        pair_samples=min(len(v) for v in samples.values()), version=NOISE_VERSION)
 
 
 def fingerprint(model) -> str:
@@ -123,7 +174,8 @@ def noise_cache_path(pair, threads: int) -> Path:
     identity = {"pair": pair.name, "info": pair.target_info, "precision": pair.precision.as_record(),
                 **({"execution": pair.execution.as_record()} if pair.execution.static else {}),
                 "threads": threads, "torch": torch.__version__, "device": str(pair.device),
-                "device_name": device_name(pair.device), "weights": fingerprint(pair.target)}
+                "device_name": device_name(pair.device), "weights": fingerprint(pair.target),
+                "calibration": NOISE_VERSION}
     digest = hashlib.sha1(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:16]
     return cache_root() / "noise" / f"{pair.name}-{pair.dtype}-{digest}.json"
 
@@ -135,27 +187,19 @@ def noise_profile(pair, threads: int) -> NoiseProfile:
         return NoiseProfile(**json.loads(path.read_text()))
     print(f"[specbench] measuring the target's logit noise between one-token and block forwards ({pair.dtype}); "
           "once per pair, dtype and machine", file=sys.stderr)
-    prompts = [pair.encode(text, chat=False) for text in CALIBRATION_TEXTS]
+    prompts = [pair.encode(text) for text in CALIBRATION_TEXTS]  # as the runs encode them (the pair's template)
     profile = measure_noise(pair, prompts)
     write_json(path, asdict(profile))
     return profile
 
 
-def logits_at(model, prefix: list[int], block: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The target's next-token logits after ``prefix``: (by a one-token step, by a ``block``-token forward).
-    ``model``: a model or a pair (lm_maker)."""
-    new_lm = lm_maker(model)
-    step = new_lm()
+def one_token_row(model, prefix: list[int]) -> torch.Tensor:
+    """The target's next-token logits after ``prefix`` by a one-token step after a prefill of the rest (greedy's
+    path, recomputed where greedy's own row was not kept: a baseline record read back from disk)."""
+    lm = lm_maker(model)()
     if len(prefix) > 1:
-        step.forward(prefix[:-1], keep_last=1)
-    by_step = step.forward(prefix[-1:])[-1]
-    if len(prefix) < 3:  # no room for a block after a prefill: the two ways coincide
-        return by_step, by_step
-    k = min(block, len(prefix) - 1)
-    blocked = new_lm()
-    blocked.forward(prefix[:-k], keep_last=1)
-    by_block = blocked.forward(prefix[-k:], keep_last=1)[-1]
-    return by_step, by_block
+        lm.forward(prefix[:-1], keep_last=1)
+    return lm.forward(prefix[-1:])[-1]
 
 
 def first_difference(greedy_ids: list[int], method_ids: list[int]) -> dict:
@@ -173,11 +217,95 @@ def first_difference(greedy_ids: list[int], method_ids: list[int]) -> dict:
     return result
 
 
-class LosslessCheck:
-    """Classifies a method's output against greedy's on the same prompt: identical / near-tie / MISMATCH."""
+@dataclass
+class Output:
+    """What the check reads of one generation: its token ids, the in-memory evidence per token, the stored margins."""
 
-    def __init__(self, pair, threads: int, block: int = 5):
-        self.pair, self.threads, self.block = pair, threads, block
+    output_ids: list[int]
+    evidence: list = field(default_factory=list)
+    margins: list = field(default_factory=list)
+
+
+def output_of(x) -> Output:
+    """A schema.TurnRecord / RunRecord (``output_ids``), a decoding Generation (``tokens``), or bare token ids."""
+    if hasattr(x, "output_ids"):
+        return Output(list(x.output_ids), list(x.evidence or []), list(x.margins or []))
+    if hasattr(x, "tokens"):
+        return Output(list(x.tokens), list(x.evidence or []))
+    return Output(list(x))
+
+
+def own_forward_violation(turn: Output) -> dict | None:
+    """The first token the method emitted that its own forward did not rank first — a negative margin, or an output
+    token other than the one its row was kept for (changed after the forward chose) — if any."""
+    if turn.evidence:
+        for index, (token, evidence) in enumerate(zip(turn.output_ids, turn.evidence)):
+            if token == evidence.token:
+                margin = evidence.margin
+            else:
+                margin = evidence.logit_of(token)[0] - evidence.top_logits[0]
+            if margin < 0 or token != evidence.token:
+                return {"index": index, "method_token": token, "margin": margin, "own_argmax": evidence.top_ids[0]}
+        return None
+    for index, margin in enumerate(turn.margins or []):
+        if margin < 0:
+            return {"index": index, "method_token": turn.output_ids[index], "margin": margin}
+    return None
+
+
+def preference(evidence: TokenEvidence, other: int) -> tuple[float, bool]:
+    """l(chosen) - l(other) under the row that chose: (the gap, exact); a lower bound when ``other`` is not among
+    the row's kept top-K."""
+    logit, exact = evidence.logit_of(other)
+    return evidence.chosen_logit - logit, exact
+
+
+def row_disagreement(greedy: TokenEvidence, method: TokenEvidence) -> float | None:
+    """The largest pair disagreement |Δ(b) - Δ(a)| between two rows that chose the same token (Δ = method - greedy;
+    a = greedy's argmax, b = each of greedy's next PAIR_RANKS tokens that both rows kept): the calibration's
+    statistic, here between the method's forward and greedy's own. None when the rows share no such pair."""
+    a = greedy.top_ids[0]
+    la, ok = method.logit_of(a)
+    if not ok:
+        return None
+    delta_a = la - greedy.top_logits[0]
+    worst = None
+    for b, lb in zip(greedy.top_ids[1:PAIR_RANKS + 1], greedy.top_logits[1:PAIR_RANKS + 1]):
+        mb, ok = method.logit_of(b)
+        if ok:
+            worst = max(worst or 0.0, abs((mb - lb) - delta_a))
+    return worst
+
+
+def agreement(greedy: Output, method: Output, shared: int, profile: NoiseProfile) -> dict | None:
+    """Over the ``shared`` tokens both chose alike: the worst ratio of a row's pair disagreement to the tolerance of
+    the method's forward there. A correct method's rows differ from greedy's by noise only (ratio <= 1); a forward
+    fed wrongly (positions, a stale cache entry) moves them further, whether or not an argmax flipped. None without
+    both rows kept."""
+    worst = None
+    compared = 0
+    for index in range(min(shared, len(greedy.evidence), len(method.evidence))):
+        mine = method.evidence[index]
+        disagreement = row_disagreement(greedy.evidence[index], mine)
+        if disagreement is None:
+            continue
+        compared += 1
+        tolerance = profile.tolerance(mine.block)
+        ratio = disagreement / tolerance if tolerance > 0 else (0.0 if disagreement == 0 else float("inf"))
+        if worst is None or ratio > worst["ratio"]:
+            worst = {"ratio": ratio, "index": index, "disagreement": disagreement, "tolerance": tolerance,
+                     "block": mine.block}
+    return {"positions": compared, **worst} if worst else None
+
+
+class LosslessCheck:
+    """Classifies a method's output against greedy's on the same prompt: identical / near-tie / MISMATCH, by three
+    checks (the module docstring): each token its own forward's argmax; over the tokens both chose alike, the
+    method's rows within the noise of greedy's; at the first divergence, the two forwards' disagreement about the
+    two tokens within the noise. ``check`` in a verdict names the one that decided."""
+
+    def __init__(self, pair, threads: int):
+        self.pair, self.threads = pair, threads
         self._profile: NoiseProfile | None = None
 
     @property
@@ -187,16 +315,45 @@ class LosslessCheck:
         return self._profile
 
     @torch.inference_mode()
-    def classify(self, prompt_ids: list[int], greedy_ids: list[int], method_ids: list[int]) -> dict:
-        result = first_difference(greedy_ids, method_ids)
-        if result["verdict"] == IDENTICAL or "reason" in result:
+    def classify(self, prompt_ids: list[int], greedy, method) -> dict:
+        """``greedy``, ``method``: the two generations (schema.TurnRecords, decoding Generations or bare ids:
+        ``output_of``); without the method's evidence only greedy's preference at the divergence is weighed (a
+        lower bound of the disagreement)."""
+        greedy, method = output_of(greedy), output_of(method)
+        own = own_forward_violation(method)
+        if own is not None:
+            return {"verdict": MISMATCH, "check": "own_forward", "index": own["index"],
+                    "reason": "a token its own forward did not rank first", "own_forward": own}
+        result = first_difference(greedy.output_ids, method.output_ids)
+        shared = result.get("index", len(method.output_ids))
+        agreed = agreement(greedy, method, shared, self.profile)
+        if agreed is not None and agreed["ratio"] > 1:
+            return {"verdict": MISMATCH, "check": "agreement", "index": agreed["index"], "agreement": agreed,
+                    "reason": "its forward disagreed with greedy's beyond the measured noise where both chose the "
+                              "same token", **({"divergence": result["index"]} if "index" in result else {})}
+        if agreed is not None:
+            result["agreement"] = agreed
+        if result["verdict"] == IDENTICAL:
             return result
+        if "reason" in result:
+            return {**result, "check": "length"}
         d, g, m = result["index"], result["greedy_token"], result["method_token"]
-        by_step, by_block = logits_at(self.pair, list(prompt_ids) + list(greedy_ids[:d]), self.block)
-        here = float((by_step - by_block).abs().max())
-        tolerance = TOLERANCE_FACTOR * max(self.profile.max_abs_diff, here)
-        gap = float(by_step[g] - by_step[m])
-        result.update(gap_step=gap, gap_block=float(by_block[g] - by_block[m]), noise_here=here,
-                      noise_calibrated=self.profile.max_abs_diff, tolerance=tolerance,
-                      verdict=NEAR_TIE if gap <= tolerance else MISMATCH)
+        if d < len(greedy.evidence):
+            gap_greedy, greedy_exact = preference(greedy.evidence[d], m)
+            greedy_row = "kept"
+        else:  # a baseline read back from disk: greedy's one-token row recomputed
+            row = one_token_row(self.pair, list(prompt_ids) + list(greedy.output_ids[:d]))
+            gap_greedy, greedy_exact, greedy_row = float(row[g] - row[m]), True, "recomputed"
+        theirs = method.evidence[d] if d < len(method.evidence) else None
+        if theirs is not None:
+            gap_method, method_exact = preference(theirs, g)
+        else:  # the method's rows were not kept (hf_assisted's generate()): greedy's preference alone, a lower bound
+            gap_method, method_exact = 0.0, False
+        block = theirs.block if theirs is not None else None
+        gap = gap_greedy + gap_method
+        tolerance = self.profile.tolerance(block)
+        result.update(check="divergence", gap=gap, gap_greedy=gap_greedy,
+                      gap_method=gap_method if theirs is not None else None, exact=greedy_exact and method_exact,
+                      greedy_row=greedy_row, method_row="kept" if theirs is not None else "not recorded", block=block,
+                      tolerance=tolerance, verdict=NEAR_TIE if gap <= tolerance else MISMATCH)
         return result

@@ -1,5 +1,6 @@
 """Every derived number, computed in one place from raw records: rates, τ, acceptance (overall and per
-position, α_k), speedup, losslessness.
+position, α_k), speedup, losslessness. At T = 0 the speed-up and τ a summary names plainly are over identical
+work (identical_work.py), the whole-output ones beside them (``speedup_whole``, ``tau_whole``).
 
 Speedup (``compare``) is paired when the baseline was timed next to the method in the same rounds
 (runner.py): the mean of per-prompt ratios of throughputs, with a bootstrap interval; otherwise the
@@ -13,6 +14,7 @@ import random
 import statistics
 from collections import Counter, defaultdict
 
+from .identical_work import cell_flags, first_divergence, shared_work
 from .schema import RunRecord
 from .scoring import aggregate_scores
 
@@ -95,14 +97,6 @@ def acceptance_by_position(records, max_k: int | None = None) -> list[float | No
     return alpha
 
 
-def first_divergence(a: list[int], b: list[int]) -> int | None:
-    """Index of the first differing token, None when the sequences are identical."""
-    for i, (x, y) in enumerate(zip(a, b)):
-        if x != y:
-            return i
-    return None if len(a) == len(b) else min(len(a), len(b))
-
-
 def by_prompt(records) -> dict[str, list[RunRecord]]:
     groups = defaultdict(list)
     for r in records:
@@ -147,13 +141,20 @@ def reference_of(record: RunRecord, baseline: list[RunRecord], paired: dict | No
     return first_repeat(baseline, record.prompt_id)
 
 
-def verdict_of(record: RunRecord, reference: RunRecord, divergence: int | None) -> str:
-    """The runner's recorded verdict, when it was made against this reference and agrees with what the ids show;
-    otherwise ``unclassified`` (e.g. records compared with another baseline than the one they were checked
-    against), so identical + near-ties + mismatches + unclassified always add up to the prompts compared."""
+def verdict_of(record: RunRecord, reference: RunRecord, divergence: int | None) -> str | None:
+    """The runner's recorded verdict, when it was made against this reference and agrees with what the ids show:
+    identical (None), near-tie or MISMATCH. A MISMATCH found by the checks that need no divergence (a token its own
+    forward did not rank first; rows beyond the noise of greedy's where both chose alike: lossless.py) stands
+    whatever the ids show. Otherwise ``unclassified`` (e.g. records compared with another baseline than the one
+    they were checked against), so identical + near-ties + mismatches + unclassified add up to the prompts
+    compared."""
     stored = record.lossless or {}
     same_reference = stored.get("against", reference.round) == reference.round
-    if divergence is None or not same_reference or stored.get("index") != divergence:
+    if same_reference and stored.get("verdict") == "MISMATCH" and stored.get("check") in ("own_forward", "agreement"):
+        return "MISMATCH"
+    if divergence is None:
+        return None
+    if not same_reference or stored.get("index") != divergence:
         return "unclassified"
     return stored.get("verdict") if stored.get("verdict") in ("near-tie", "MISMATCH") else "unclassified"
 
@@ -162,21 +163,29 @@ def losslessness(records, baseline, paired: dict | None = None) -> dict:
     """Per prompt (first repeat): identical to greedy, or diverged, and how the divergence was classified.
 
     The verdict (identical / near-tie / MISMATCH, lossless.py) is recorded by the runner, which has the
-    model; a divergence it could not classify counts as unclassified.
+    model; a divergence it could not classify counts as unclassified. ``largest_gap``: the near-tie whose gap came
+    closest to its tolerance (what a reader weighs "differs only by rounding" by).
     """
-    per_prompt, verdicts = {}, {}
+    per_prompt, verdicts, gaps = {}, {}, []
     for pid, rs in by_prompt(records).items():
         ours = min(rs, key=lambda r: r.repeat)
         ref = reference_of(ours, baseline, paired)
         if ref is None:
             continue
         per_prompt[pid] = first_divergence(ours.output_ids, ref.output_ids)
-        if per_prompt[pid] is not None:
-            verdicts[pid] = verdict_of(ours, ref, per_prompt[pid])
+        verdict = verdict_of(ours, ref, per_prompt[pid])
+        if verdict is not None:
+            verdicts[pid] = verdict
+        stored = ours.lossless or {}
+        if verdict == "near-tie" and stored.get("gap") is not None and stored.get("tolerance"):
+            gaps.append({"prompt": pid, "gap": stored["gap"], "tolerance": stored["tolerance"]})
     counts = Counter(verdicts.values())
-    return {"identical": sum(1 for d in per_prompt.values() if d is None), "compared": len(per_prompt),
-            "near_ties": counts.get("near-tie", 0), "mismatches": counts.get("MISMATCH", 0),
-            "unclassified": counts.get("unclassified", 0), "first_divergence": per_prompt, "divergences": verdicts}
+    out = {"identical": sum(1 for pid, d in per_prompt.items() if d is None and pid not in verdicts),
+           "compared": len(per_prompt), "near_ties": counts.get("near-tie", 0), "mismatches": counts.get("MISMATCH", 0),
+           "unclassified": counts.get("unclassified", 0), "first_divergence": per_prompt, "divergences": verdicts}
+    if gaps:
+        out["largest_gap"] = max(gaps, key=lambda g: g["gap"] / g["tolerance"])
+    return out
 
 
 T_975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
@@ -211,6 +220,26 @@ def bootstrap_mean_ci(values_by_unit: list[list[float]], samples: int = 8000,
     means = sorted(statistics.fmean(rng.choices(units, k=n)) for _ in range(samples))
     low = min(int(tail * samples), samples - 1)
     return means[low], means[samples - 1 - low]
+
+
+def bootstrap_ratio_ci(units: list[tuple[float, float]], samples: int = 8000,
+                       seed: int = 0) -> tuple[float, float] | None:
+    """95% interval of a pooled ratio Σ numerators / Σ denominators (τ: tokens over steps) over units (prompts),
+    by the same expanded percentile bootstrap as ``bootstrap_mean_ci``, resampling whole units. None with fewer
+    than 2 units."""
+    units = [(a, b) for a, b in units if b > 0]
+    n = len(units)
+    if n < 2:
+        return None
+    tail = statistics.NormalDist().cdf(-math.sqrt(n / (n - 1)) * t_975(n - 1))
+    rng = random.Random(seed)
+    ratios = []
+    for _ in range(samples):
+        drawn = rng.choices(units, k=n)
+        ratios.append(sum(a for a, _ in drawn) / sum(b for _, b in drawn))
+    ratios.sort()
+    low = min(int(tail * samples), samples - 1)
+    return ratios[low], ratios[samples - 1 - low]
 
 
 def batches_of(records) -> dict[str, dict]:
@@ -295,7 +324,7 @@ def summarize(records: list[RunRecord], baseline: list[RunRecord] | None = None,
         "accuracy": aggregate_scores(records),
     }
     if is_baseline:
-        summary.update(speedup=1.0, is_baseline=True)
+        summary.update(speedup=1.0, speedup_whole=1.0, is_baseline=True)
     else:
         summary.update(compare(records, baseline, exact) if baseline else {"speedup": None})
     if batches_of(records):  # engine=vllm: per-request numbers above are latencies; throughput per batch here
@@ -309,15 +338,19 @@ def summarize(records: list[RunRecord], baseline: list[RunRecord] | None = None,
 
 
 def compare(records, baseline, exact: bool = True) -> dict:
-    """Speed-up and losslessness against the baseline.
+    """Speed-up, τ and losslessness against the baseline.
+
+    At T = 0 (``exact``) the speed-up and τ are over **identical work** (identical_work.py): each prompt compared
+    over the tokens both outputs share, both clocks read at that token; the whole-output figures stay beside them
+    (``speedup_whole``, ``tau_whole``). Sampled outputs are not compared: their speed-up is the whole-output one.
 
     Paired (records whose baseline was timed in their round, ``runner.pairing=interleaved``): speedup is the
-    mean over prompts of the per-round ratio (method tok/s over its round's baseline tok/s; repeats of a
-    prompt averaged first), with a 95% bootstrap interval over prompts; ``speedup_total`` is Σtokens/Σtime of
-    the method over that of the same paired baseline records; ``speedup_std`` the std over repeats of the
-    per-repeat mean ratio. Records without a partner (a baseline line lost) are left out and counted
-    (``unpaired_records``). Unpaired: speedup is Σtokens/Σtime over the prompts both have (baseline timed
-    separately, so load drift between the two is in the number).
+    mean over prompts of the per-round ratio (repeats of a prompt averaged first), with a 95% bootstrap interval
+    over prompts; ``speedup_total`` is Σtokens/Σtime of the method's whole outputs over that of the same paired
+    baseline records (what the bound's efficiency divides); ``speedup_std`` the std over repeats of the per-repeat
+    mean ratio. Records without a partner (a baseline line lost) are left out and counted (``unpaired_records``).
+    Unpaired: speedup is a ratio of sums over the prompts both have (baseline timed separately, so load drift
+    between the two is in the number).
     """
     partners = partners_of(records, baseline)
     lossless = losslessness(records, baseline, partners) if exact else {
@@ -325,26 +358,31 @@ def compare(records, baseline, exact: bool = True) -> dict:
     paired = [(r, partners[r.round]) for r in records if r.round in partners]
     paired = [(r, b) for r, b in paired if rate([r]) and rate([b])]
     if paired:
-        by_prompt_ratio, by_repeat_ratio = defaultdict(list), defaultdict(list)
+        whole, by_repeat_ratio = defaultdict(list), defaultdict(list)
         for r, b in paired:
             ratio = rate([r]) / rate([b])
-            by_prompt_ratio[r.prompt_id].append(ratio)
+            whole[r.prompt_id].append(ratio)
             by_repeat_ratio[r.repeat].append(ratio)
         ours, theirs = [r for r, _ in paired], [b for _, b in paired]
-        speedup = statistics.fmean(statistics.fmean(v) for v in by_prompt_ratio.values())
-        return {
-            "speedup": speedup,
-            "speedup_ci95": bootstrap_mean_ci(list(by_prompt_ratio.values())),
+        speedup_whole = statistics.fmean(statistics.fmean(v) for v in whole.values())
+        out = {
+            "speedup": speedup_whole,
+            "speedup_ci95": bootstrap_mean_ci(list(whole.values())),
+            "speedup_whole": speedup_whole,
+            "speedup_whole_ci95": bootstrap_mean_ci(list(whole.values())),
             "speedup_total": rate(ours) / rate(theirs),
             "speedup_std": _std([statistics.fmean(v) for v in by_repeat_ratio.values()]),
-            "speedup_prompt_mean": speedup,
+            "speedup_prompt_mean": speedup_whole,
             "paired": True,
             "pairs": len(paired),
             "unpaired_records": len(records) - len(paired),
             "baseline_tok_per_s": rate(theirs),
-            "baseline_prompts": len(by_prompt_ratio),
+            "baseline_prompts": len(whole),
             **lossless,
         }
+        if exact:
+            out.update(over_identical_work(paired, paired=True))
+        return out
     ours, base = by_prompt(records), by_prompt(baseline)
     common = sorted(ours.keys() & base.keys())
     if not common:
@@ -354,9 +392,10 @@ def compare(records, baseline, exact: bool = True) -> dict:
     per_repeat = [rate([r for pid in common for r in ours[pid] if r.repeat == k]) for k in repeats]
     per_prompt = [rate(ours[pid]) / rate(base[pid]) for pid in common if rate(ours[pid]) and rate(base[pid])]
     speedup = rate([r for pid in common for r in ours[pid]]) / base_rate if base_rate else None
-    return {
+    out = {
         "speedup": speedup,
         "speedup_ci95": None,
+        "speedup_whole": speedup,
         "speedup_total": speedup,
         "speedup_std": _std([r / base_rate for r in per_repeat if r]) if base_rate else None,
         "speedup_prompt_mean": _mean(per_prompt),
@@ -364,6 +403,67 @@ def compare(records, baseline, exact: bool = True) -> dict:
         "baseline_tok_per_s": base_rate,
         "baseline_prompts": len(common),
         **lossless,
+    }
+    if exact:
+        out.update(over_identical_work([(r, first_repeat(baseline, r.prompt_id)) for pid in common
+                                        for r in ours[pid]], paired=False))
+    return out
+
+
+def by_prompt_works(works) -> dict:
+    """prompt id -> its comparisons (one per repeat) with any shared work."""
+    out = defaultdict(list)
+    for r, w in works:
+        if w.speedup is not None:
+            out[r.prompt_id].append(w)
+    return out
+
+
+def over_identical_work(pairs, paired: bool) -> dict:
+    """Speed-up and τ over the tokens each (record, baseline record) pair emitted alike (identical_work.py), the
+    whole-output figures kept under ``speedup_whole`` / ``tau_whole``. Paired: the mean over prompts of per-prompt
+    ratios with a bootstrap interval; unpaired: Σ greedy time / Σ method time. τ pooled (Σ tokens / Σ steps, the
+    table's) and ``tau_prompt_mean`` (each prompt's τ, averaged)."""
+    works = [(r, shared_work(r, b)) for r, b in pairs]
+    ratios = defaultdict(list)
+    for r, w in works:
+        if w.speedup is not None:
+            ratios[r.prompt_id].append(w.speedup)
+    compared = [w for _, w in works if w.speedup is not None]
+    if paired:
+        speedup = statistics.fmean(statistics.fmean(v) for v in ratios.values()) if ratios else None
+        prompt_mean, interval = speedup, bootstrap_mean_ci(list(ratios.values()))
+    else:  # ratios of sums: overall, and per prompt (its repeats against greedy's first) averaged
+        method_s = sum(w.method_s for w in compared)
+        speedup = sum(w.greedy_s for w in compared) / method_s if method_s else None
+        per_prompt = [sum(w.greedy_s for w in ws) / sum(w.method_s for w in ws)
+                      for ws in by_prompt_works(works).values()]
+        prompt_mean, interval = _mean(per_prompt), None
+    per_prompt_tau = defaultdict(list)
+    for r, w in works:
+        if w.steps:
+            per_prompt_tau[r.prompt_id].append(w.step_tokens / w.steps)
+    steps, decoding = sum(w.steps for w in compared), sum(w.decoding_steps for w in compared)
+    first = {}
+    for r, w in works:  # one comparison per prompt (its first repeat) for the cell's flags
+        first.setdefault(r.prompt_id, (r.repeat, w))
+        if r.repeat < first[r.prompt_id][0]:
+            first[r.prompt_id] = (r.repeat, w)
+    return {
+        "speedup": speedup, "speedup_ci95": interval, "speedup_prompt_mean": prompt_mean,
+        "tau_whole": tau([r for r, _ in works]), "tau_decoding_whole": tau_decoding([r for r, _ in works]),
+        # without per-step counts (hf_assisted, vLLM) τ stays the whole outputs' (tokens per target forward)
+        "tau": sum(w.step_tokens for w in compared) / steps if steps else tau([r for r, _ in works]),
+        "tau_ci95": bootstrap_ratio_ci([(sum(w.step_tokens for w in ws), sum(w.steps for w in ws))
+                                        for ws in by_prompt_works(works).values()]),
+        "tau_prompt_mean": statistics.fmean(statistics.fmean(v) for v in per_prompt_tau.values())
+        if per_prompt_tau else None,
+        "tau_decoding": sum(w.decoding_tokens for w in compared) / decoding if decoding else None,
+        "identical_work": cell_flags([w for _, w in first.values()]),
+        "identical_work_prompts": {pid: {"tokens": w.tokens, "shared_prefix": w.shared_prefix,
+                                         "method_tokens": w.method_tokens, "greedy_tokens": w.greedy_tokens,
+                                         "speedup": w.speedup, "unlike": w.unlike, "clock": w.clock}
+                                   for pid, (_, w) in first.items()},
     }
 
 

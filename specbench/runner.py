@@ -194,6 +194,9 @@ class Runner:
             for j in members:
                 if j > 0 or not round_id:  # the paired baseline is what the others are checked against
                     self.check(entries[j], prompts, measured[j], measured[0] if round_id else None, reference)
+        for m in (m for j in members for m in measured[j]):  # the rows' top-K served the check: not kept
+            for turn in {id(t): t for t in (m.record, *m.record.turn_list)}.values():
+                turn.evidence = []
         out = {}
         for j in sorted(members):  # the baseline (0) first: a method record never points at a missing round
             recs = [m.record for m in measured[j]]
@@ -236,19 +239,24 @@ def classify_record(lossless, prompts: list[list[int]], record: RunRecord, basel
     """Losslessness of one record against greedy's on the same prompt: the first turn that differs decides;
     ``index`` counts over the concatenated turns (as the record's output_ids). A failure of the check itself
     is recorded as verdict ``error`` (counted as unclassified), never lost with the round's timings.
-    ``lossless``: anything with ``classify(prompt, greedy_ids, method_ids)`` (lossless.LosslessCheck, or an
-    engine's own)."""
-    theirs = [t.output_ids for t in baseline.turn_list]
-    mine = [t.output_ids for t in record.turn_list]
+    ``lossless``: anything with ``classify(prompt, greedy_turn, method_turn)`` (lossless.LosslessCheck, or an
+    engine's own) over schema.TurnRecords."""
     reference = {"against": baseline.round, "against_repeat": baseline.repeat}
-    offset = 0
+    offset, worst = 0, None  # worst: the identical turns' largest row disagreement (lossless.agreement)
     try:
-        for turn, (prompt, a, b) in enumerate(zip(prompts, theirs, mine)):
-            result = lossless.classify(prompt, a, b)
+        for turn, (prompt, theirs, mine) in enumerate(zip(prompts, baseline.turn_list, record.turn_list)):
+            result = lossless.classify(prompt, theirs, mine)
             if result["verdict"] != "identical":
-                result["index"] = result["index"] + offset
-                return {**result, **reference, **({"turn": turn} if len(mine) > 1 else {})}
-            offset += len(b)
+                for where in (result, result.get("own_forward"), result.get("agreement")):
+                    if where and "index" in where:
+                        where["index"] += offset
+                if "divergence" in result:
+                    result["divergence"] += offset
+                return {**result, **reference, **({"turn": turn} if len(record.turn_list) > 1 else {})}
+            agreed = result.get("agreement")
+            if agreed and (worst is None or agreed["ratio"] > worst["ratio"]):
+                worst = {**agreed, "index": agreed["index"] + offset}
+            offset += len(mine.output_ids)
     except Exception as exc:  # noqa: BLE001 — the timings of the round are kept whatever happens here
         return {"verdict": "error", "reason": f"{type(exc).__name__}: {exc}", **reference}
-    return {"verdict": "identical", **reference}
+    return {"verdict": "identical", **({"agreement": worst} if worst else {}), **reference}

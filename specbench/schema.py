@@ -40,15 +40,19 @@ class TurnRecord:
     forward_rows: dict = field(default_factory=dict)         # {"target"|"draft"|"head": rows of logits per forward}
     forward_contexts: dict = field(default_factory=dict)     # {"target"|"draft": positions cached before each forward}
     forward_ms: dict = field(default_factory=dict)           # {"target"|"draft": wall ms of each forward} (a CPU only)
+    step_ms: list[float] = field(default_factory=list)       # per step: ms from the turn's start to the step's end
+    margins: list[float] = field(default_factory=list)       # per token (T = 0): l(token) - best other, own forward
     extra: dict = field(default_factory=dict)                # a method's own per-step data (sl, lcp, vllm_spec ...)
+    # per token (T = 0): its row's top-K (decoding/evidence.py), in memory until the runner classified the output
+    evidence: list = field(default_factory=list, repr=False, compare=False)
 
     @classmethod
     def from_dict(cls, row: dict) -> TurnRecord:
         return cls(**{k: v for k, v in row.items() if k in TURN_FIELDS})
 
     def to_dict(self) -> dict:
-        out = {f: getattr(self, f) for f in TURN_FIELDS}
-        for key in PER_FORWARD:  # an engine that does not record them (vLLM) writes none
+        out = {f: getattr(self, f) for f in TURN_FIELDS if f not in TRANSIENT}
+        for key in (*PER_FORWARD, *PER_STEP):  # an engine that does not record them (vLLM) writes none
             if not out[key]:
                 del out[key]
         return out
@@ -57,6 +61,9 @@ class TurnRecord:
 TURN_FIELDS = tuple(f.name for f in fields(TurnRecord))
 # one value per forward, {model: [...]}, recorded where the engine and model keep them (forward_sizes always is)
 PER_FORWARD = ("forward_rows", "forward_contexts", "forward_ms")
+# one value per step / per token, recorded where the engine keeps them (our loops; not vLLM, not hf_assisted's steps)
+PER_STEP = ("step_ms", "margins")
+TRANSIENT = ("evidence",)  # kept in memory for the losslessness check, never written
 OPTIONAL = ("category", "turns", "batch", "pairing", "lossless", "score", "tuned")  # written only when set
 
 
@@ -136,7 +143,8 @@ SUMMED = ("new_tokens", "wall_s", "prefill_s", "target_forwards", "draft_forward
 def combine_turns(turns: list[TurnRecord]) -> TurnRecord:
     """One record's turn fields from its turns: counts and times summed, ids and steps concatenated.
 
-    ``prompt_tokens`` is the first turn's; ``output_text`` joins the turns' texts with a blank line.
+    ``prompt_tokens`` is the first turn's; ``output_text`` joins the turns' texts with a blank line; ``step_ms``
+    concatenates each turn's clock, which starts at 0 in every turn (``turns`` keeps them apart).
     """
     if len(turns) == 1:
         return turns[0]
@@ -150,6 +158,7 @@ def combine_turns(turns: list[TurnRecord]) -> TurnRecord:
         accept_lengths=[n for t in turns for n in t.accept_lengths],
         proposed=[n for t in turns for n in t.proposed],
         accepted_steps=[n for t in turns for n in t.accepted_steps],
+        **{key: [v for t in turns for v in getattr(t, key)] for key in (*PER_STEP, *TRANSIENT)},
         forward_sizes={model: [k for t in turns for k in t.forward_sizes.get(model, [])]
                        for model in ROLES if model != "head" or any(model in t.forward_sizes for t in turns)},
         **{key: {model: [v for t in turns for v in getattr(t, key)[model]] for model in ROLES

@@ -50,6 +50,9 @@ def check_counters(gen, name: str) -> None:
     assert sum(steps) - len(steps) <= gen.accepted <= sum(steps) - len(steps) + 1
     if name in ONE_FORWARD_PER_STEP:
         assert len(steps) == gen.target_forwards
+    if name != "hf_assisted":  # at T = 0 every kept token carries the row it was taken from, and is that row's argmax
+        assert [e.token for e in gen.evidence] == gen.tokens, name
+        assert all(e.margin >= 0 and e.top_ids[0] == e.token or e.margin == 0 for e in gen.evidence), name
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -211,7 +211,7 @@ def test_feature_heads_equal_greedy(case, tmp_path_factory):
     gen = method.generate(case["prompt"], case["max_new_tokens"], eos)
     if gen.tokens != ref.tokens:  # fp32 summation order: a batched verify and greedy's one-row step can swap two
         # logits 1e-6 apart (seen on a Zen 5 CPU); that is the runner's near-tie, anything else a MISMATCH
-        verdict = LosslessCheck(pair, threads=torch.get_num_threads()).classify(case["prompt"], ref.tokens, gen.tokens)
+        verdict = LosslessCheck(pair, threads=torch.get_num_threads()).classify(case["prompt"], ref, gen)
         assert verdict["verdict"] == NEAR_TIE, verdict
     assert sum(gen.accept_lengths) == len(gen.tokens) and gen.accepted == sum(gen.accepted_steps)
     assert gen.target_forwards == len(gen.accept_lengths)

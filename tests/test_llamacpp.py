@@ -142,13 +142,13 @@ def test_every_method_equals_llamacpp_greedy_up_to_its_noise(case):
     llama.cpp's measured batched-vs-one-row noise (the runner's own classification); never a MISMATCH."""
     pair = pair_for(case["noise"])
     prompt, budget = case["prompt"], case["max_new_tokens"]
-    reference = Greedy(pair, "greedy").generate(prompt, budget, set()).tokens
+    reference = Greedy(pair, "greedy").generate(prompt, budget, set())
     check = LosslessCheck(pair, threads=torch.get_num_threads())
     for name, method in methods(pair, case["gamma"]).items():
         method.reset(0)
         gen = method.generate(prompt, budget, set())
         assert sum(gen.accept_lengths) == len(gen.tokens), name
-        verdict = check.classify(prompt, reference, gen.tokens)
+        verdict = check.classify(prompt, reference, gen)
         assert verdict["verdict"] != MISMATCH, (name, verdict)
         VERDICTS.setdefault(verdict["verdict"], []).append(name)
 

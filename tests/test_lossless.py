@@ -1,16 +1,24 @@
-"""Losslessness that tells near-ties from bugs: a hand-made exact tie is a near-tie, a wrong token a MISMATCH."""
+"""Losslessness that tells near-ties from bugs: a hand-made exact tie is a near-tie; a wrong token, and every bug
+planted in a correct method (tests/planted_bugs.py), a MISMATCH — on transformers fp32 and bf16 and on llama.cpp
+(tiny pairs here; the embedded pair's Q4 GGUF and bf16 weights in test_lossless_embedded.py)."""
 import json
 
 import pytest
 
 from specbench.decoding.cached_lm import CachedLM
+from specbench.decoding.evidence import TokenEvidence, evidence_of
 from specbench.decoding.generation import Generation, finalize_tokens, is_finished
-from specbench.lossless import MISMATCH, NEAR_TIE, LosslessCheck, measure_noise, noise_cache_path
+from specbench.lossless import (MISMATCH, NEAR_TIE, TOLERANCE_FACTOR, LosslessCheck, NoiseProfile, measure_noise,
+                                noise_cache_path)
 from specbench.methods.base import DecodingMethod, NoTimeline
 from specbench.methods.greedy import Greedy
+from specbench.methods.prompt_lookup import PromptLookup
+from specbench.methods.speculative import SpeculativeDecoding
+from specbench.models.gguf_pair import build_tiny_gguf_pair
 from specbench.models.tiny import build_tiny_pair
 
 from .conftest import run_cli
+from .planted_bugs import PLANTED, verdicts
 
 # every even token's output row copied onto the next (odd) one: each argmax is an exact tie between two tokens,
 # which argmax breaks towards the even one
@@ -24,19 +32,23 @@ class TieFlipGreedy(DecodingMethod):
         target = CachedLM(self.pair.target)
         logits = target.forward(prompt_ids, keep_last=1)[-1]
         timeline.mark("prefill")
-        out = []
+        out, evidence = [], []
         while True:
             out.append(int((logits == logits.max()).nonzero().max()))
+            evidence += evidence_of(logits[None], out[-1:], 1)  # an exact tie: margin 0, its own argmax all the same
+            timeline.step()
             if is_finished(out, max_new_tokens, eos_ids):
                 break
             logits = target.forward([out[-1]])[-1]
-        gen = Generation(tokens=finalize_tokens(out, max_new_tokens, eos_ids), accept_lengths=[1] * len(out))
+        gen = Generation(tokens=finalize_tokens(out, max_new_tokens, eos_ids), accept_lengths=[1] * len(out),
+                         evidence=evidence)
         gen.count_forwards(target)
         return gen
 
 
 class ThirdTokenBug(Greedy):
-    """Greedy with a bug: the third token is replaced by the target's least likely token."""
+    """Greedy with a bug: the third token is replaced by the target's least likely token after its forward chose
+    (the evidence still names the token the forward chose)."""
 
     def generate(self, prompt_ids, max_new_tokens, eos_ids, timeline=NoTimeline()) -> Generation:
         gen = super().generate(prompt_ids, max_new_tokens, eos_ids, timeline)
@@ -59,28 +71,101 @@ def test_the_noise_cache_is_the_targets_whether_or_not_the_draft_loaded():
 
 
 def test_noise_profile_is_measured_small_and_nonnegative(tiny_llama):
-    profile = measure_noise(tiny_llama.target, [[5, 6, 7, 8], [40, 41]], positions=8, blocks=(2, 4))
-    assert set(profile.per_block) == {"causal-2", "tree-2", "causal-4", "tree-4"}
+    profile = measure_noise(tiny_llama.target, [[5, 6, 7, 8], [40, 41]], positions=8,
+                            blocks=(("causal", 2), ("tree", 2), ("causal", 4)))
+    assert set(profile.per_block) == set(profile.pair_max) == {"causal-2", "tree-2", "causal-4"}
     assert 0 <= profile.max_abs_diff < 1e-3  # fp32: summation-order noise only
-    assert profile.tolerance == 4 * profile.max_abs_diff
+    assert all(0 <= v <= 2 * profile.max_abs_diff for v in profile.pair_max.values())  # |Δ(b) - Δ(a)| <= 2 max|Δ|
+    assert profile.pair_samples == 16  # a per-position statistic: 2 prompts x 8 positions per block
+    assert profile.tolerance(3) == TOLERANCE_FACTOR * max(profile.pair_max.values())
+
+
+def test_the_tolerance_grows_with_the_block_and_rests_on_the_pair_statistic():
+    profile = NoiseProfile(max_abs_diff=5.0, per_block={}, positions=0,  # the vocabulary-wide maximum plays no part
+                           pair_max={"causal-2": 0.2, "causal-4": 0.1, "tree-4": 0.3, "causal-32": 0.25})
+    assert profile.tolerance(1) == profile.tolerance(2) == pytest.approx(1.5 * 0.2)
+    assert profile.tolerance(3) == profile.tolerance(4) == pytest.approx(1.5 * 0.3)  # either mask, and any smaller
+    assert profile.tolerance(5) == profile.tolerance(32) == pytest.approx(1.5 * 0.3)
+    assert profile.tolerance(300) == profile.tolerance(None) == pytest.approx(1.5 * 0.3)  # beyond: every size's
 
 
 def test_exact_tie_is_a_near_tie_and_a_wrong_token_a_mismatch(tied_pair, tmp_path, monkeypatch):
     monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path))
     prompt = [10, 11, 12, 13]
-    greedy = Greedy(tied_pair, "greedy").generate(prompt, 6, set()).tokens
-    flipped = TieFlipGreedy(tied_pair, "flip").generate(prompt, 6, set()).tokens
-    assert flipped[0] == greedy[0] + 1  # the tie went the other way at the very first token
+    greedy = Greedy(tied_pair, "greedy").generate(prompt, 6, set())
+    flipped = TieFlipGreedy(tied_pair, "flip").generate(prompt, 6, set())
+    assert flipped.tokens[0] == greedy.tokens[0] + 1  # the tie went the other way at the very first token
     check = LosslessCheck(tied_pair, threads=1)
     result = check.classify(prompt, greedy, flipped)
-    assert result["verdict"] == NEAR_TIE and result["index"] == 0 and abs(result["gap_step"]) <= result["tolerance"]
+    # both forwards saw the two tokens exactly tied: a disagreement of 0, within any tolerance
+    assert result["verdict"] == NEAR_TIE and result["index"] == 0 and result["check"] == "divergence"
+    assert result["gap"] == result["gap_greedy"] == result["gap_method"] == 0 and result["exact"]
     assert list((tmp_path / "noise").glob("*.json")), "the calibration is cached"
 
-    buggy = ThirdTokenBug(tied_pair, "buggy").generate(prompt, 6, set()).tokens
+    buggy = ThirdTokenBug(tied_pair, "buggy").generate(prompt, 6, set())
     result = check.classify(prompt, greedy, buggy)
-    assert result["verdict"] == MISMATCH and result["index"] == 2
-    assert result["gap_step"] > 100 * result["tolerance"]
-    assert check.classify(prompt, greedy, list(greedy)) == {"verdict": "identical"}
+    assert result["verdict"] == MISMATCH and result["index"] == 2 and result["check"] == "own_forward"
+    assert "did not" in result["reason"]
+    result = check.classify(prompt, greedy, buggy.tokens)  # the ids alone: greedy's preference decides
+    assert result["verdict"] == MISMATCH and result["check"] == "divergence"
+    assert result["gap_greedy"] > 100 * result["tolerance"]
+    assert check.classify(prompt, greedy, greedy)["verdict"] == "identical"
+
+
+def test_a_negative_margin_is_a_mismatch_whatever_the_ids_show(tied_pair, tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path))
+    prompt = [10, 11, 12, 13]
+    greedy = Greedy(tied_pair, "greedy").generate(prompt, 4, set())
+    forged = Generation(tokens=list(greedy.tokens), evidence=list(greedy.evidence))
+    forged.evidence[1] = TokenEvidence(forged.tokens[1], -0.5, [7, forged.tokens[1]], [1.0, 0.5], 5)
+    result = LosslessCheck(tied_pair, threads=1).classify(prompt, greedy, forged)
+    assert result["verdict"] == MISMATCH and result["check"] == "own_forward" and result["index"] == 1
+    assert result["own_forward"]["own_argmax"] == 7
+
+
+TINY_PROMPTS = [list(range(s, s + 6)) for s in (3, 20, 50, 90)] + [[5, 6, 7, 5, 6, 7, 5, 6]]
+TINY_METHODS = {"speculative": lambda pair: SpeculativeDecoding(pair, "speculative", gamma=4),
+                "prompt_lookup": lambda pair: PromptLookup(pair, "prompt_lookup", num_pred_tokens=3)}
+
+
+@pytest.fixture(scope="module")
+def tiny_pairs():
+    return {"float32": build_tiny_pair(), "bfloat16": build_tiny_pair(dtype="bfloat16"),
+            "llamacpp": build_tiny_gguf_pair()}
+
+
+@pytest.mark.parametrize("method", sorted(TINY_METHODS))
+@pytest.mark.parametrize("kind", ["float32", "bfloat16", "llamacpp"])
+def test_every_planted_bug_is_a_mismatch_and_the_correct_method_is_not(tiny_pairs, kind, method, tmp_path,
+                                                                       monkeypatch):
+    """second_best: its own forward did not rank the token first (no tolerance); shifted_positions and stale_kv: the
+    forwards disagree beyond the noise where both chose alike, or at the divergence. llama.cpp refuses a block at
+    positions that do not continue its sequence: that bug cannot run there."""
+    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path))
+    pair, make = tiny_pairs[kind], TINY_METHODS[method]
+    correct = verdicts(pair, lambda: make(pair), None, TINY_PROMPTS, 24)
+    assert all(v["verdict"] != MISMATCH for v in correct), correct
+    for bug in PLANTED:
+        if kind == "llamacpp" and bug == "shifted_positions":
+            with pytest.raises(RuntimeError, match="llama_decode failed .* at positions"):
+                verdicts(pair, lambda: make(pair), bug, TINY_PROMPTS, 24)
+            continue
+        found = verdicts(pair, lambda: make(pair), bug, TINY_PROMPTS, 24)
+        assert [v["verdict"] for v in found] == [MISMATCH] * len(TINY_PROMPTS), (bug, found)
+        if bug == "second_best":
+            assert all(v["check"] == "own_forward" for v in found)
+
+
+def test_without_the_methods_rows_only_greedys_preference_is_weighed(tied_pair, tmp_path, monkeypatch):
+    """hf_assisted's generate() keeps no rows: the divergence is judged on greedy's preference alone (a lower bound
+    of the disagreement), said in the verdict."""
+    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path))
+    prompt = [10, 11, 12, 13]
+    greedy = Greedy(tied_pair, "greedy").generate(prompt, 6, set())
+    flipped = TieFlipGreedy(tied_pair, "flip").generate(prompt, 6, set())
+    result = LosslessCheck(tied_pair, threads=1).classify(prompt, greedy, flipped.tokens)
+    assert result["verdict"] == NEAR_TIE and result["method_row"] == "not recorded" and not result["exact"]
+    assert result["gap_method"] is None and result["gap"] == result["gap_greedy"] == 0
 
 
 def tied_model_overrides():
@@ -92,9 +177,13 @@ def test_cli_counts_near_ties_and_strict_mode_fails_only_on_mismatch(tmp_path):
     common = ("data.limit=3", "data.max_new_tokens=8", *tied_model_overrides(), "runner.strict_lossless=true")
     proc = run_cli("method=greedy", "method._target_=tests.test_lossless.TieFlipGreedy", "method.name=tie_flip",
                    *common, records_dir=records)
-    assert "identical to greedy: 0/3 (3 near-ties), 0 mismatches" in proc.stdout, proc.stdout
+    assert ("lossless: 3/3 (0 identical, 3 differ from one-row greedy only by kernel rounding, largest gap 0 <= "
+            "tolerance ") in proc.stdout, proc.stdout
     record = json.loads(next(records.rglob("tie_flip-*.jsonl")).read_text().splitlines()[0])
     assert record["lossless"]["verdict"] == "near-tie" and record["lossless"]["index"] == 0
+    assert record["lossless"]["gap"] == 0 and record["lossless"]["tolerance"] >= 0
+    assert record["margins"] == [0.0] * record["new_tokens"]  # each an exact tie, chosen by its own forward
+    assert len(record["step_ms"]) == len(record["accept_lengths"])
 
     proc = run_cli("method=greedy", "method._target_=tests.test_lossless.ThirdTokenBug", "method.name=buggy",
                    *common, records_dir=records, check=False)

@@ -187,7 +187,9 @@ def test_identity_with_k_below_n_is_rendered_as_such():
     assert (s["identical"], s["compared"]) == (1, 4)
     assert identity_text(s) == "1/4 (1 near-tie, 1 MISMATCH, 1 unclassified)"
     headline = render_headline("speculative", s)
-    assert "identical to greedy: 1/4 (1 near-tie), 1 mismatch, 1 unclassified" in headline.splitlines()
+    assert ("lossless: 2/4 (1 identical, 1 differs from one-row greedy only by kernel rounding); 1 MISMATCH: beyond "
+            "the measured numerical noise, a bug (each record's `lossless` says where and why); 1 unclassified"
+            in headline.splitlines())
     row = render_table([("speculative", s)]).splitlines()[2]
     assert "1/4 (1 near-tie, 1 MISMATCH, 1 unclassified)" in row
 
@@ -200,10 +202,14 @@ def test_identity_text_variants():
 
 
 def test_headline_identity_plurals():
-    base = {"tok_per_s": 1.0, "identical": 2, "compared": 4, "near_ties": 2, "mismatches": 0, "unclassified": 0}
-    assert "identical to greedy: 2/4 (2 near-ties), 0 mismatches" in render_headline("m", base).splitlines()
+    base = {"tok_per_s": 1.0, "identical": 2, "compared": 4, "near_ties": 2, "mismatches": 0, "unclassified": 0,
+            "largest_gap": {"gap": 0.16, "tolerance": 0.75}}
+    assert ("lossless: 4/4 (2 identical, 2 differ from one-row greedy only by kernel rounding, largest gap 0.16 <= "
+            "tolerance 0.75)") in render_headline("m", base).splitlines()
     one = {**base, "identical": 2, "compared": 4, "near_ties": 1, "mismatches": 1}
-    assert "identical to greedy: 2/4 (1 near-tie), 1 mismatch" in render_headline("m", one).splitlines()
+    assert ("lossless: 3/4 (2 identical, 1 differs from one-row greedy only by kernel rounding, largest gap 0.16 <= "
+            "tolerance 0.75); 1 MISMATCH: beyond the measured numerical noise, a bug (each record's `lossless` says "
+            "where and why)") in render_headline("m", one).splitlines()
 
 
 def test_sampled_runs_are_not_compared():
@@ -211,7 +217,7 @@ def test_sampled_runs_are_not_compared():
     s = summarize(method, baseline, exact=False)
     assert s["identical"] is None and s["compared"] == 0 and s["first_divergence"] == {}
     assert identity_text(s) == "-"
-    assert "identical to greedy" not in render_headline("m", s)
+    assert "lossless" not in render_headline("m", s)
 
 
 def test_all_identical_counts_n_of_n():
@@ -262,8 +268,12 @@ def test_paired_speedup_rendering():
     method, baseline = paired_case()
     s = summarize(method, baseline)
     assert speedup_text(s) == "2.00x [1.50, 2.50]"
-    assert ("speedup vs greedy: 2.00x [1.50, 2.50] (mean of 3 paired ratio(s), 95% interval; Σtokens/Σtime 1.80x; "
-            "1 record(s) without their baseline left out)") in render_headline("speculative", s).splitlines()
+    lines = render_headline("speculative", s).splitlines()
+    # identical outputs: identical work is the whole work (p1's first repeat 10 tokens, p2's 20)
+    assert ("speedup vs greedy over identical work: 2.00x [1.50, 2.50] (mean of paired per-prompt ratios, 95% "
+            "interval; over 30 of 30 tokens emitted alike)") in lines
+    assert ("  whole outputs: 2.00x [1.50, 2.50]; Σtokens/Σtime 1.80x (3 pair(s); 1 record(s) without their baseline "
+            "left out)") in lines
 
 
 def test_paired_speedup_is_restricted_to_prompts_with_a_partner():
@@ -296,8 +306,8 @@ def test_unpaired_speedup_by_hand_on_common_prompts():
     assert s["speedup_std"] == pytest.approx(1 / math.sqrt(2), rel=1e-12)
     assert (s["identical"], s["compared"]) == (2, 2)  # p3 has no reference
     assert speedup_text(s) == "1.60x ±0.71 unpaired"
-    assert "speedup vs greedy: 1.60x (unpaired: the baseline was timed separately)" in \
-        render_headline("m", summarize(method, baseline)).splitlines()
+    assert ("speedup vs greedy: 1.60x (unpaired: the baseline was timed separately; over 30 of 30 tokens emitted "
+            "alike)") in render_headline("m", summarize(method, baseline)).splitlines()
 
 
 def test_no_common_prompt_gives_no_speedup():

@@ -33,29 +33,69 @@ def spec(**extra):
     return OmegaConf.create({**base, **extra})
 
 
-def entry(data, method, pair, status="ok", **values):
-    return Entry(keys={"data.name": data, "method.name": method, "model.name": pair}, values=values, status=status)
+def entry(data, method, pair, status="ok", interval=None, flagged=(), **values):
+    return Entry(keys={"data.name": data, "method.name": method, "model.name": pair}, values=values, status=status,
+                 intervals={"tok_per_s": interval} if interval else {}, flagged=set(flagged))
 
 
 def test_table_marks_best_and_second_within_each_task_and_says_why_cells_are_missing():
-    ours = [entry("gsm8k", "greedy", "tiny", tok_per_s=10.0, identical="(baseline)"),
-            entry("gsm8k", "speculative", "tiny", tok_per_s=30.0, identical="2/2"),
-            entry("gsm8k", "lookahead", "tiny", tok_per_s=20.0, identical="2/2"),
+    ours = [entry("gsm8k", "greedy", "tiny", tok_per_s=10.0, identical="(baseline)", interval=(9.0, 11.0)),
+            entry("gsm8k", "speculative", "tiny", tok_per_s=30.0, identical="2/2", interval=(28.0, 32.0)),
+            entry("gsm8k", "lookahead", "tiny", tok_per_s=20.0, identical="2/2", interval=(18.0, 22.0)),
             entry("cnndm", "greedy", "tiny", status="not run yet")]
     paper = [entry("gsm8k", "greedy", "yi", tok_per_s=15.33), entry("gsm8k", "eagle", "yi", tok_per_s=40.0)]
     table = build_table(spec(), ours, paper, known_methods={"greedy", "speculative", "lookahead"})
     md = to_markdown(table)
     rows = {tuple(r[:2]): r[2:] for r in table.rows}
-    assert rows[("gsm8k", "speculative")][0] == "**30.00**" and rows[("gsm8k", "lookahead")][0] == "<u>20.00</u>"
+    assert rows[("gsm8k", "speculative")][0] == "**30.00 [28.00, 32.00]**"
+    assert rows[("gsm8k", "lookahead")][0] == "<u>20.00 [18.00, 22.00]</u>"
+    assert rows[("gsm8k", "eagle")][-1] == "40.00"  # the paper publishes no intervals: its columns are not ranked
     assert rows[("cnndm", "greedy")][:2] == ["not run yet", ""]          # status once, in the first column
     assert rows[("gsm8k", "eagle")][:2] == ["not implemented", ""]       # a method we do not have
     assert rows[("gsm8k", "speculative")][2] == "not reported"           # the paper has no such cell
     assert table.header[2:] == ["tiny (ours) tok/s", "tiny (ours) identical to greedy", "yi (paper) tok/s"]
-    assert "| gsm8k | speculative | **30.00** | 2/2 | not reported |" in md
+    assert "| gsm8k | speculative | **30.00 [28.00, 32.00]** | 2/2 | not reported |" in md
     tex = to_latex(table)
-    assert r"\textbf{30.00}" in tex and r"\underline{20.00}" in tex and r"\multicolumn{2}{c}{tiny}" in tex
+    assert r"\textbf{30.00 [28.00, 32.00]}" in tex and r"\underline{20.00 [18.00, 22.00]}" in tex
+    assert r"\multicolumn{2}{c}{tiny}" in tex
     csv_text = to_csv(table)
     assert "gsm8k,speculative,tiny,ours,tok_per_s,30.0" in csv_text and "paper,tok_per_s,15.33" in csv_text
+
+
+def marks_of(ours):
+    table = build_table(spec(), ours, [], known_methods={"greedy", "speculative", "lookahead", "pld"})
+    return {r[1]: r[2] for r in table.rows}
+
+
+def test_no_mark_where_intervals_overlap_and_the_tied_say_so():
+    # speculative's interval overlaps lookahead's: tied within noise, both marked ≈, neither bold; greedy is below both
+    ours = [entry("g", "greedy", "p", tok_per_s=10.0, interval=(9.0, 11.0)),
+            entry("g", "speculative", "p", tok_per_s=30.0, interval=(25.0, 35.0)),
+            entry("g", "lookahead", "p", tok_per_s=28.0, interval=(26.0, 30.0))]
+    cells = marks_of(ours)
+    assert cells == {"greedy": "10.00 [9.00, 11.00]", "speculative": "30.00 [25.00, 35.00] ≈",
+                     "lookahead": "28.00 [26.00, 30.00] ≈"}
+    # the best separated from the rest, the second not from the third: bold, no underline
+    ours[2] = entry("g", "lookahead", "p", tok_per_s=12.0, interval=(10.5, 13.0))
+    ours[1] = entry("g", "speculative", "p", tok_per_s=30.0, interval=(28.0, 32.0))
+    cells = marks_of(ours)
+    assert cells["speculative"].startswith("**") and not cells["lookahead"].startswith("<u>")
+    # a value without an interval: the group is not ranked at all
+    ours[0] = entry("g", "greedy", "p", tok_per_s=10.0)
+    assert not any(c.startswith(("**", "<u>")) or c.endswith("≈") for c in marks_of(ours).values())
+
+
+def test_a_cell_over_too_little_identical_work_is_flagged_and_earns_no_mark():
+    ours = [entry("g", "greedy", "p", tok_per_s=10.0, interval=(9.0, 11.0)),
+            entry("g", "pld", "p", tok_per_s=40.0, interval=(38.0, 42.0), flagged=["tok_per_s"]),
+            entry("g", "speculative", "p", tok_per_s=30.0, interval=(28.0, 32.0))]
+    cells = marks_of(ours)
+    # pld is clearly above the rest but unlike: it earns nothing, and speculative is not "best" beneath it
+    assert cells["pld"] == "40.00 [38.00, 42.00] ‡"
+    assert not cells["speculative"].startswith("**")
+    ours[1] = entry("g", "pld", "p", tok_per_s=20.0, interval=(18.0, 22.0), flagged=["tok_per_s"])
+    cells = marks_of(ours)
+    assert cells["speculative"].startswith("**") and cells["pld"] == "20.00 [18.00, 22.00] ‡"  # not underlined
 
 
 def test_repeats_print_mean_and_std():
@@ -132,7 +172,7 @@ def table2_sweep(tmp_path_factory):
     return root
 
 
-TIMING = r"(\*\*|<u>)?[\d.]+×?( ± [\d.]+)?( \[[\d.]+, [\d.]+\])?(\*\*|</u>)?"  # a timing cell, marks included
+TIMING = r"(\*\*|<u>)?[\d.]+×?( ± [\d.]+)?( \[[\d.]+, [\d.]+\])?( ‡)?(\*\*|</u>| ≈)?"  # a timing cell, marks included
 
 
 def normalise(markdown: str) -> list[list[str]]:
@@ -364,7 +404,8 @@ def test_ablation_sweep_rows_land_on_the_papers_rows(tmp_path):
     rows = {tuple(r[:3]): r[3:] for r in table.rows}
     for flags in (("", "", ""), ("✓", "✓", "✓")):
         assert re.fullmatch(r"(\*\*|<u>)?[\d.]+(\*\*|</u>)?", rows[flags][0]), rows[flags]   # ours, measured
-    assert rows[("✓", "", "")][0] == "not run yet" and rows[("✓", "✓", "✓")][-1] == "**58.18**"  # paper's best
+    # the paper's best, as published: its columns publish no intervals and are not ranked
+    assert rows[("✓", "", "")][0] == "not run yet" and rows[("✓", "✓", "✓")][-1] == "58.18"
 
 
 def test_optuna_search_runs_trials_and_reports_the_best(tmp_path):

@@ -41,6 +41,9 @@ class Generation:
     forward_rows: dict = field(default_factory=dict)  # {"target": [rows of logits per call], ...} where known
     forward_contexts: dict = field(default_factory=dict)  # {"target": [positions cached before each call], ...}
     forward_ms: dict = field(default_factory=dict)  # {"target": [wall ms of each call], ...} where timed (a CPU)
+    # at T = 0, per kept token: the row of the target's forward it was taken from (evidence.TokenEvidence); in
+    # memory only, for the losslessness check (the records keep the margins)
+    evidence: list = field(default_factory=list)
 
     def add_step(self, out: list[int], emitted: list[int], accepted: int, max_new_tokens: int,
                  eos_ids: set[int], proposed: int | None = None) -> None:

@@ -11,6 +11,7 @@ from typing import Sequence
 import torch
 
 from .cached_lm import CachedLM
+from .evidence import evidence_of
 from .generation import Generation, finalize_tokens, is_finished
 from .proposal import Proposal, Proposer, Step, StepContext
 from .sampling import Sampler
@@ -42,14 +43,17 @@ def feed(lm: CachedLM, pending: Sequence[int], proposal: Proposal) -> tuple[torc
 
 
 def verify_step(lm: CachedLM, tokens: list[int], proposal: Proposal, sampler: Sampler | None,
-                topk: int = 0) -> Step:
+                topk: int = 0, evidence: bool = False) -> Step:
     """Feed, verify and commit one proposal after the committed ``tokens`` (appended to in place with the
     step's emitted tokens). Afterwards the cache holds every committed token but the new last one (x0 of the
     next step): a plain chain is cropped, a tree keeps the accepted path's positions. ``topk`` > 0: the step
     also carries the top-k ids at x0 and every proposal node (``Step.topk``).
 
     sampler None or greedy: the target's argmax path (output identical to greedy decoding); else recursive
-    rejection sampling (output distributed as the target's).
+    rejection sampling (output distributed as the target's). ``evidence`` (greedy only): ``Step.evidence`` holds, for
+    every emitted token, the row of this forward it was taken from (evidence.py: its margin and the row's top-K),
+    read from the logits, not from the verifier's choice, so a verifier that emits a token its row did not rank
+    first shows a negative margin.
     """
     past = lm.length
     pending = tokens[past:]
@@ -70,6 +74,9 @@ def verify_step(lm: CachedLM, tokens: list[int], proposal: Proposal, sampler: Sa
     step = Step(proposal, path, next_token, argmax[:n + 1], argmax[n + 1:], tokens, features=features)
     if topk:
         step.topk = logits[:n + 1].topk(topk, dim=-1).indices.tolist()  # (1 + n, k), best first
+    if evidence and (sampler is None or sampler.greedy):  # the emitted tokens' rows: x0's, then each accepted node's
+        step.evidence = evidence_of(logits[[0] + [1 + node for node in path]], step.emitted,
+                                    len(pending) + len(proposal.side_tokens) + n)
     tokens += step.emitted
     return step
 
@@ -79,7 +86,8 @@ def speculative_generate(target: CachedLM, proposer: Proposer, prompt_ids: Seque
     """Generate with ``proposer``'s proposals verified by ``target``; the counters are the loop's own.
 
     Counters: drafted = proposal nodes fed for verification; accept_lengths / accepted / proposed per step,
-    trimmed to the tokens the output keeps (Generation.add_step); extra = the proposer's own counters.
+    trimmed to the tokens the output keeps (Generation.add_step); extra = the proposer's own counters. At T = 0 each
+    kept token's evidence (its verify row: evidence.py). The timeline reads the clock after every step.
     """
     gen = Generation(tokens=[])
     tokens = list(prompt_ids)  # the committed sequence
@@ -90,11 +98,13 @@ def speculative_generate(target: CachedLM, proposer: Proposer, prompt_ids: Seque
         if proposal.depth > context.room:
             raise ValueError(f"{type(proposer).__name__} proposed {proposal.depth} tokens deep with room for "
                              f"{context.room}")
-        step = verify_step(target, tokens, proposal, sampler, getattr(proposer, "topk", 0))
+        step = verify_step(target, tokens, proposal, sampler, getattr(proposer, "topk", 0), evidence=True)
         timeline.mark("prefill")  # first call only: time to the first new token
         gen.drafted += len(proposal.tokens)
         gen.add_step(out, step.emitted, len(step.path), max_new_tokens, eos_ids, proposed=proposal.depth)
         step.kept = gen.accept_lengths[-1]
+        gen.evidence += step.evidence[:step.kept]
+        timeline.step()  # the step's tokens are committed: the clock reads their time (identical_work.py)
         out += step.emitted
         proposer.observe(step)
     gen.tokens = finalize_tokens(out, max_new_tokens, eos_ids)

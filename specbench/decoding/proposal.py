@@ -104,6 +104,8 @@ class Step:
     # first, from the verify forward's own logits; only for a proposer with a ``topk`` attribute k > 0 (token
     # recycling's candidates), else None
     topk: list[list[int]] | None = None
+    # at T = 0, when the loop asks: each emitted token's row of the verify forward (evidence.TokenEvidence)
+    evidence: list = field(default_factory=list)
 
     @property
     def accepted(self) -> list[int]:

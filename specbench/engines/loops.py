@@ -13,6 +13,7 @@ from __future__ import annotations
 import sys
 
 from ..data import Example
+from ..decoding.evidence import rounded
 from ..environment import environment
 from ..methods.base import DecodingMethod
 from ..models import ModelPair
@@ -168,5 +169,9 @@ class LoopBackend:
             forward_rows=gen.forward_rows,  # rows of logits per forward (what the lm head cost): costs.py
             forward_contexts=gen.forward_contexts,  # positions cached before each forward (what it attended to)
             forward_ms=gen.forward_ms,  # wall ms of each forward, where timed (costs.forward_split)
+            # the clock at each step's end, where the method's steps are the record's (not hf_assisted's generate())
+            step_ms=watch.steps_ms if len(watch.steps_ms) == len(gen.accept_lengths) else [],
+            margins=rounded(e.margin for e in gen.evidence),  # each token's margin under its own forward (T = 0)
+            evidence=gen.evidence,
             extra=gen.extra,
         )

@@ -1,12 +1,16 @@
 """Identical to greedy, near-tie or MISMATCH, for engine=vllm: lossless.py's rule with vLLM's own numbers.
 
 vLLM decodes one token per step (greedy) or verifies blocks (speculation) with kernels of its own, so the
-noise δ and the gap at a divergence are measured on the engine that decoded, not on transformers: δ = the
-largest |log p| difference between greedy's one-token decode steps (``logprobs``) and a prefill of the same
-sequence (``prompt_logprobs``), over the top-20 tokens of 2 prompts x 32 positions; at a divergence the gap is
+noise and the gap at a divergence are measured on the engine that decoded, not on transformers. The noise is
+lossless.py's pair statistic: per position, the largest |Δ(b) - Δ(a)| between greedy's one-token decode step
+(``logprobs``) and a prefill of the same sequence (``prompt_logprobs``), a = the emitted token, b = each other
+token both report (top-20), over the calibration texts x 32 positions. At a divergence the gap is
 log p(g) - log p(m) recomputed by prefill after the common prefix (log-probabilities differ from logits by the
-same normaliser for g and m, so the gap is the logit gap). A gap within 4δ is a near-tie (lossless.py explains
-the 4), above it a MISMATCH. The calibration is cached per engine settings, model files and vLLM version.
+same normaliser for g and m, so the gap is the logit gap). A gap within TOLERANCE_FACTOR x the largest pair
+disagreement is a near-tie, above it a MISMATCH. vLLM returns no rows per step, so the per-step checks of
+lossless.py (own forward, agreement over the shared prefix) have nothing to read here: this is the divergence
+check alone, with the greedy side's preference recomputed. The calibration is cached per engine settings, model
+files, vLLM version and NOISE_VERSION.
 """
 from __future__ import annotations
 
@@ -15,8 +19,8 @@ import json
 import sys
 from dataclasses import asdict
 
-from ..lossless import (CALIBRATION_TEXTS, IDENTICAL, MISMATCH, NEAR_TIE, TOLERANCE_FACTOR, NoiseProfile,
-                        first_difference)
+from ..lossless import (CALIBRATION_TEXTS, IDENTICAL, MISMATCH, NEAR_TIE, NOISE_VERSION, PAIR_RANKS,
+                        TOLERANCE_FACTOR, NoiseProfile, first_difference, output_of)
 from ..records import write_json
 
 TOP = 20  # logprobs per position compared (vLLM's default max_logprobs)
@@ -25,7 +29,7 @@ TOP = 20  # logprobs per position compared (vLLM's default max_logprobs)
 def measure_noise(session, prompts: list[list[int]], positions: int = 32) -> NoiseProfile:
     from vllm import SamplingParams
 
-    worst = 0.0
+    worst, worst_pair, samples = 0.0, 0.0, 0
     for prompt in prompts:
         params = SamplingParams(temperature=0.0, max_tokens=positions, logprobs=TOP, detokenize=False)
         (decoded,) = session.llm.generate([{"prompt_token_ids": prompt}], params, use_tqdm=False)
@@ -34,14 +38,24 @@ def measure_noise(session, prompts: list[list[int]], positions: int = 32) -> Noi
         prefill_params = SamplingParams(max_tokens=1, prompt_logprobs=TOP, detokenize=False)
         (prefilled,) = session.llm.generate([{"prompt_token_ids": prompt + tokens}], prefill_params, use_tqdm=False)
         blocks = prefilled.prompt_logprobs[len(prompt):]  # position i: the distribution token i was drawn from
-        for step, block in zip(steps, blocks):
-            for token in step.keys() & block.keys():
+        for emitted, step, block in zip(tokens, steps, blocks):
+            shared = step.keys() & block.keys()
+            for token in shared:
                 worst = max(worst, abs(step[token].logprob - block[token].logprob))
-    return NoiseProfile(max_abs_diff=worst, per_block={"decode-vs-prefill": worst}, positions=positions * len(prompts))
+            if emitted not in shared:
+                continue
+            delta = {t: block[t].logprob - step[t].logprob for t in shared}  # Δ = prefill - decode step
+            others = sorted(shared - {emitted}, key=lambda t: -step[t].logprob)[:PAIR_RANKS]
+            worst_pair = max([worst_pair] + [abs(delta[t] - delta[emitted]) for t in others])
+            samples += 1
+    key = "decode-vs-prefill"
+    return NoiseProfile(max_abs_diff=worst, per_block={key: worst}, positions=positions * len(prompts),
+                        pair_max={key: worst_pair}, pair_samples=samples, version=NOISE_VERSION)
 
 
 class VllmLosslessCheck:
-    """``classify(prompt, greedy_ids, method_ids)`` as lossless.LosslessCheck, on the no-speculation engine."""
+    """``classify(prompt, greedy, method)`` as lossless.LosslessCheck (turn records, Generations or id lists), on
+    the no-speculation engine."""
 
     def __init__(self, session, codec, identity: dict):
         self.session, self.codec, self.identity = session, codec, identity
@@ -52,7 +66,8 @@ class VllmLosslessCheck:
         if self._profile is None:
             from ..models.files import cache_root
 
-            digest = hashlib.sha1(json.dumps(self.identity, sort_keys=True, default=str).encode()).hexdigest()[:16]
+            identity = {**self.identity, "noise_version": NOISE_VERSION}
+            digest = hashlib.sha1(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:16]
             path = cache_root() / "noise" / f"vllm-{digest}.json"
             if path.exists():
                 self._profile = NoiseProfile(**json.loads(path.read_text()))
@@ -64,15 +79,20 @@ class VllmLosslessCheck:
                 write_json(path, asdict(self._profile))
         return self._profile
 
-    def classify(self, prompt_ids: list[int], greedy_ids: list[int], method_ids: list[int]) -> dict:
+    def tolerance(self) -> float:
+        return TOLERANCE_FACTOR * max(self.profile.pair_max.values())
+
+    def classify(self, prompt_ids: list[int], greedy, method) -> dict:
+        greedy_ids, method_ids = output_of(greedy).output_ids, output_of(method).output_ids
         result = first_difference(greedy_ids, method_ids)
         if result["verdict"] == IDENTICAL or "reason" in result:
             return result
         d, g, m = result["index"], result["greedy_token"], result["method_token"]
         prefix = list(prompt_ids) + list(greedy_ids[:d])
         lp_g, lp_m = self.session.prompt_logprobs([prefix + [g], prefix + [m]])
-        tolerance = TOLERANCE_FACTOR * self.profile.max_abs_diff
+        tolerance = self.tolerance()
         gap = lp_g - lp_m
-        result.update(gap_prefill=gap, noise_calibrated=self.profile.max_abs_diff, tolerance=tolerance,
-                      verdict=NEAR_TIE if gap <= tolerance else MISMATCH)
+        result.update(gap=gap, gap_greedy=gap, gap_method=None, exact=False, greedy_row="recomputed",
+                      method_row="not recorded", noise_calibrated=max(self.profile.pair_max.values()),
+                      tolerance=tolerance, check="divergence", verdict=NEAR_TIE if gap <= tolerance else MISMATCH)
         return result

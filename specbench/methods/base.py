@@ -1,7 +1,8 @@
 """The interface every decoding method implements, and the no-op timeline methods mark events on.
 
 Methods never time themselves: the runner hands them a Timeline whose clock it owns, and a
-method only says *when* a phase ends (``timeline.mark("prefill")``).
+method only says *when* a phase ends (``timeline.mark("prefill")``) and when a step's tokens are committed
+(``timeline.step()``).
 """
 from __future__ import annotations
 
@@ -19,9 +20,14 @@ from ..models.pair import ModelPair
 class Timeline(Protocol):
     def mark(self, event: str) -> None: ...
 
+    def step(self) -> None: ...  # a decoding step's tokens are committed (its clock reading: timing.Stopwatch)
+
 
 class NoTimeline:
     def mark(self, event: str) -> None:
+        pass
+
+    def step(self) -> None:
         pass
 
 

@@ -28,6 +28,40 @@ def identity_text(s: dict) -> str:
     return f"{s['identical']}/{s['compared']}" + (f" ({', '.join(notes)})" if notes else "")
 
 
+def lossless_text(s: dict) -> str:
+    """'lossless: 4/4 (1 identical, 3 differ from one-row greedy only by kernel rounding, largest gap 0.16 <=
+    tolerance 0.75)', then any mismatches and unclassified divergences."""
+    identical, near, mismatches = s.get("identical") or 0, s.get("near_ties") or 0, s.get("mismatches") or 0
+    parts = [f"{identical} identical"]
+    if near:
+        largest = s.get("largest_gap")
+        gap = f", largest gap {largest['gap']:.3g} <= tolerance {largest['tolerance']:.3g}" if largest else ""
+        parts.append(f"{near} differ{'s' if near == 1 else ''} from one-row greedy only by kernel rounding{gap}")
+    line = f"lossless: {identical + near}/{s['compared']} ({', '.join(parts)})"
+    if mismatches:
+        line += (f"; {mismatches} MISMATCH{'ES' if mismatches != 1 else ''}: beyond the measured numerical noise, a "
+                 "bug (each record's `lossless` says where and why)")
+    if s.get("unclassified"):
+        line += f"; {s['unclassified']} unclassified"
+    return line
+
+
+def work_text(s: dict) -> str:
+    """'over 811 of 877 tokens emitted alike' (+ the flag when the cell is unlike: identical_work.py)."""
+    work = s.get("identical_work") or {}
+    if not work:
+        return ""
+    text = f"over {work['tokens']} of {work['method_tokens']} tokens emitted alike"
+    if work.get("missing_clock"):
+        text += f"; {work['missing_clock']} diverged prompt(s) without a step clock count their identical turns only"
+    if work.get("estimated_clock"):
+        text += f"; {work['estimated_clock']} clock(s) estimated from per-forward times"
+    if work.get("flagged"):
+        text += (f"; UNLIKE: the shared prefix covers {fmt(work.get('shared_fraction'), '.0%')} of the shorter outputs"
+                 f", lengths {fmt(work.get('length_ratio'))}x greedy's")
+    return text
+
+
 def speedup_text(s: dict) -> str:
     """'1.42x [1.35, 1.49]' (paired, 95% interval), '1.42x ±0.03' (unpaired, std over repeats) or '-'."""
     speedup = s.get("speedup")
@@ -82,10 +116,18 @@ def render_headline(name: str, s: dict) -> str:
     elif s.get("speedup") is not None and s.get("paired"):
         unpaired = (f"; {s['unpaired_records']} record(s) without their baseline left out"
                     if s.get("unpaired_records") else "")
-        lines.append(f"speedup vs greedy: {speedup_text(s)} (mean of {s['pairs']} paired ratio(s), 95% interval; "
-                     f"Σtokens/Σtime {s['speedup_total']:.2f}x{unpaired})")
+        if s.get("identical_work"):
+            whole = {"speedup": s.get("speedup_whole"), "speedup_ci95": s.get("speedup_whole_ci95")}
+            lines.append(f"speedup vs greedy over identical work: {speedup_text(s)} (mean of paired per-prompt ratios, "
+                         f"95% interval; {work_text(s)})")
+            lines.append(f"  whole outputs: {speedup_text(whole)}; Σtokens/Σtime {s['speedup_total']:.2f}x "
+                         f"({s['pairs']} pair(s){unpaired})")
+        else:
+            lines.append(f"speedup vs greedy: {speedup_text(s)} (mean of {s['pairs']} paired ratio(s), 95% interval; "
+                         f"Σtokens/Σtime {s['speedup_total']:.2f}x{unpaired})")
     elif s.get("speedup") is not None:
-        lines.append(f"speedup vs greedy: {s['speedup']:.2f}x (unpaired: the baseline was timed separately)")
+        lines.append(f"speedup vs greedy: {s['speedup']:.2f}x (unpaired: the baseline was timed separately"
+                     + (f"; {work_text(s)})" if s.get("identical_work") else ")"))
     if s.get("batch_size"):  # engine=vllm: the numbers above are per request (latency); throughput per batch
         line = (f"batch size {s['batch_size']} ({s.get('engine', '')}): throughput "
                 f"{fmt(s.get('batch_tok_per_s'))} tok/s")
@@ -113,17 +155,17 @@ def render_headline(name: str, s: dict) -> str:
             lines.append(f"  = forwards {split['forwards']:.2f} (in the loop at {method['vs_table']:.2f}x their "
                          f"table, greedy's at {base['vs_table']:.2f}x) x host work {split['host']:.2f} (forwards "
                          f"{method['forward_share']:.0%} of its wall time, {base['forward_share']:.0%} of greedy's)")
-    lines.append(f"tau (mean tokens per target forward): {fmt(s.get('tau'))}")
+    if s.get("identical_work"):
+        lines.append(f"tau (tokens per target forward over identical work, pooled): {fmt(s.get('tau'))} (per-prompt "
+                     f"mean {fmt(s.get('tau_prompt_mean'))}; whole outputs {fmt(s.get('tau_whole'))})")
+    else:
+        lines.append(f"tau (mean tokens per target forward): {fmt(s.get('tau'))}")
     lines.append(f"acceptance rate: {fmt(s.get('acceptance_rate'))}")
     alpha = alpha_text(s.get("alpha"))
     if alpha:
         lines.append(f"α_k (per-position acceptance): {alpha}")
     if s.get("compared"):
-        near = f" ({s['near_ties']} near-tie{'s' if s.get('near_ties', 0) != 1 else ''})" if s.get("near_ties") else ""
-        unclassified = f", {s['unclassified']} unclassified" if s.get("unclassified") else ""
-        mismatches = s.get("mismatches", 0)
-        lines.append(f"identical to greedy: {s['identical']}/{s['compared']}{near}, "
-                     f"{mismatches} mismatch{'es' if mismatches != 1 else ''}{unclassified}")
+        lines.append(lossless_text(s))
     acc = s.get("accuracy")
     if acc:
         counted = f"over {acc['scored']} scored prompt(s)" if acc["scored"] else f"{acc['not_scored']} prompt(s)"

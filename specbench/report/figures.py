@@ -10,6 +10,7 @@ metric_bars    each numeric metric per row, ours beside the paper's (DISCO Table
 alpha_curve    per-position acceptance α_k against k, one line per cell (records with ``proposed`` only)
 speedup_vs_batch  throughput speed-up against runner.batch_size (engine=vllm), 95% interval bars, a line per method
 speedup_by_category  Spec-Bench: speed-up per category and overall per method, ours and the leaderboard's
+acceptance_by_category  Spec-Bench: α_k and the distribution of tokens per step, per category and method
 """
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from ..training.disco.tables import oracle_statistics
 from ..metrics import acceptance_by_position
 from .figure_files import save
 from .paper import canonical, match_stats
-from .spec_bench import speedup_by_category
+from .spec_bench import acceptance_by_category, speedup_by_category
 from .tables import METRICS, Metric, column_keys_of, label_for, row_keys_of
 
 WARM_SUFFIX = "_warm"
@@ -169,7 +170,11 @@ def tau_speedup(exp, out_dir: Path) -> list[Path]:
         group = ", ".join(label_of(exp, k, e.keys.get(k)) for k in colour_keys + col_keys) or exp.name
         groups.setdefault(group, []).append(e)
     for group, mine in groups.items():
-        ax.scatter([e.values["tau"] for e in mine], [e.values["speedup"] for e in mine], label=group)
+        dots = ax.scatter([e.values["tau"] for e in mine], [e.values["speedup"] for e in mine], label=group)
+        unlike = [e for e in mine if "speedup" in e.flagged]  # over too little identical work: drawn hollow
+        if unlike:
+            ax.scatter([e.values["tau"] for e in unlike], [e.values["speedup"] for e in unlike], s=60,
+                       facecolors="none", edgecolors=dots.get_facecolor()[:1], linewidths=0.8)
         for e in mine:
             name = " / ".join(label_of(exp, k, e.keys.get(k)) or "–" for k in name_keys)
             ax.annotate(name, (e.values["tau"], e.values["speedup"]), fontsize=6, xytext=(3, 3),
@@ -264,4 +269,4 @@ def speedup_vs_batch(exp, out_dir: Path) -> list[Path]:
 
 
 FIGURES = {f.__name__: f for f in (speed_bars, topk_curve, match_k_bars, oracle_sl_hist, tau_speedup, metric_bars,
-                                   alpha_curve, speedup_vs_batch, speedup_by_category)}
+                                   alpha_curve, speedup_vs_batch, speedup_by_category, acceptance_by_category)}

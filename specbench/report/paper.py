@@ -11,7 +11,7 @@ from ..schema import RunRecord
 from .console import alpha_text, identity_text
 from .experiment import CONF_DIR, Cell, Experiment
 from .parity import engine_notes, parity
-from .tables import Entry, Table, build_table, to_csv, to_latex, to_markdown
+from .tables import TIED, UNLIKE, Entry, Table, build_table, to_csv, to_latex, to_markdown
 
 PUBLISHED_DIR = Path(__file__).resolve().parent / "published"
 
@@ -61,6 +61,8 @@ def cell_entry(spec, cell: Cell, keys: list[str]) -> Entry:
     s = cell.summary
     repeats = s.get("repeats", 1) > 1
     entry.values = {"tok_per_s": s.get("tok_per_s"), "speedup": s.get("speedup"), "ms_per_token": s.get("ms_per_token"),
+                    "speedup_whole": s.get("speedup_whole"), "tau_whole": s.get("tau_whole"),
+                    "tau_prompt_mean": s.get("tau_prompt_mean"), "identical_work": work_text(s.get("identical_work")),
                     "tau": s.get("tau"), "tau_decoding": s.get("tau_decoding"),
                     "acceptance_rate": s.get("acceptance_rate"),
                     "accuracy": s.get("accuracy_primary"), "mean_sl": s.get("mean_sl"),
@@ -80,11 +82,34 @@ def cell_entry(spec, cell: Cell, keys: list[str]) -> Entry:
     if repeats:
         entry.stds = {"tok_per_s": s.get("tok_per_s_std"), "speedup": s.get("speedup_std")}
     intervals = {"speedup": s.get("speedup_ci95"), "latency_speedup": s.get("speedup_ci95"),
+                 "speedup_whole": s.get("speedup_whole_ci95"), "tau": s.get("tau_ci95"),
                  "throughput_speedup": s.get("throughput_speedup_ci95")}
     entry.intervals = {k: tuple(v) for k, v in intervals.items() if v}
+    if own:  # the baseline against itself: exactly 1 (and τ 1), no interval needed to rank it
+        entry.exact = {"speedup", "speedup_whole", "latency_speedup", "tau"}
+    if (s.get("identical_work") or {}).get("flagged"):  # over too little identical work: marked, never ranked
+        entry.flagged = set(IDENTICAL_WORK_METRICS)
     if "speedup" in entry.intervals:  # a paired speed-up: its interval says more than a std over repeats
         entry.stds.pop("speedup", None)
     return entry
+
+
+# the metrics computed over identical work at T = 0 (identical_work.py), flagged together when a cell is unlike
+IDENTICAL_WORK_METRICS = ("speedup", "latency_speedup", "tau", "tau_decoding", "tau_prompt_mean")
+
+
+def work_text(work: dict | None) -> str | None:
+    """'118/128 (5 prompts; 1 unlike)': tokens compared over identical work of the shared prefixes' tokens."""
+    if not work:
+        return None
+    notes = [f"{work['compared']}/{work['prompts']} prompts"]
+    if work.get("unlike_prompts"):
+        notes.append(f"{work['unlike_prompts']} unlike")
+    if work.get("estimated_clock"):
+        notes.append(f"{work['estimated_clock']} clock(s) estimated")
+    if work.get("missing_clock"):
+        notes.append(f"{work['missing_clock']} without a step clock")
+    return f"{work['tokens']} tokens ({'; '.join(notes)})"
 
 
 def bound_values(bound: dict | None) -> dict:
@@ -242,7 +267,19 @@ def build(exp: Experiment, ours_entries: list[Entry] | None = None) -> Table:
         titles = {r["key"]: r.get("title", r["key"]) for r in spec.rows}
         within = ", ".join(titles.get(k, k) for k in spec.highlight.get("within") or [])
         scope = f" within each {within}" if within else ""
-        notes.append(f"**bold** best, <u>underlined</u> second best per column{scope} (as the paper)")
+        notes.append(f"**bold** best, <u>underlined</u> second best per column{scope}, only where 95% intervals do not "
+                     f"overlap (the best's with every other cell's, the second's with every cell below it); {TIED} "
+                     "tied within noise: the best and the cells whose intervals overlap it; a metric without "
+                     "intervals, and the paper's columns, are not ranked")
+    if any(e.flagged for e in ours):
+        notes.append(f"{UNLIKE} unlike: over identical work (the tokens both outputs share) the shared prefix covers "
+                     "less than half of the shorter outputs, or the two outputs' lengths differ by more than 1.5x "
+                     "(identical_work.py); such a cell earns no mark")
+    if any(isinstance(e.values.get("tau"), (int, float)) and e.values.get("tau_whole") is not None for e in ours):
+        notes.append("ours, T = 0: speed-up and τ are over identical work — each prompt compared with greedy over the "
+                     "tokens both emitted alike, both clocks read there; τ is pooled over those steps (Σ tokens / Σ "
+                     "steps); the whole-output figures (every token, alike or not) are named as such, and the CSV has "
+                     "the per-prompt mean τ (tau_prompt_mean)")
     source = source_line(spec)
     if source:
         notes.append(f"paper columns: {source}")

@@ -27,6 +27,10 @@ METRICS = {
     "ms_per_token": Metric("latency (ms/token)", higher_is_better=False),
     "tau": Metric("τ"),
     "tau_decoding": Metric("τ, decoding steps"),  # each turn's prompt-reading step left out (metrics.tau_decoding)
+    "tau_whole": Metric("τ, whole outputs"),       # over every step of both outputs, whether alike or not
+    "tau_prompt_mean": Metric("τ, per-prompt mean"),
+    "speedup_whole": Metric("speed-up, whole outputs", suffix="×"),  # every token, alike or not (T = 0)
+    "identical_work": Metric("identical work"),    # tokens compared over identical work (identical_work.py)
     "acceptance_rate": Metric("acceptance", spec=".1%"),
     "accuracy": Metric("accuracy", spec=".1f"),
     "mean_sl": Metric("mean SL"),
@@ -60,6 +64,8 @@ class Entry:
     stds: dict = field(default_factory=dict)     # metric -> std over repeats
     intervals: dict = field(default_factory=dict)  # metric -> (low, high), a 95% interval (paired speed-up)
     status: str = "ok"               # ok | not run yet | failed: ... (ours only)
+    flagged: set = field(default_factory=set)  # metrics over too little identical work (identical_work.py): unlike
+    exact: set = field(default_factory=set)  # metrics known without uncertainty (the baseline's own speed-up, 1)
 
 
 @dataclass
@@ -67,7 +73,7 @@ class Table:
     title: str
     header: list[str]                # flat column titles
     groups: list[tuple[str, int]]    # (group title, span) over the metric columns, for LaTeX
-    rows: list[list[str]]            # cell texts, with **bold** / <u>underline</u> marks
+    rows: list[list[str]]            # cell texts, with **bold** / <u>underline</u> / ≈ tied / ‡ unlike marks
     notes: list[str]
     tidy: list[dict]                 # one dict per number, for the CSV
 
@@ -154,7 +160,7 @@ def build_table(spec, ours: list[Entry], paper: list[Entry], known_methods: set[
             if e is not None and e.status == "ok" and m in e.values:
                 low, high = e.intervals.get(m) or (None, None)
                 tidy.append({**where, "value": e.values.get(m), "std": e.stds.get(m), "ci95_low": low,
-                             "ci95_high": high})
+                             "ci95_high": high, "unlike": m in e.flagged, "mark": marks.get((source, r, g, m))})
             elif source == "ours" and e is not None:
                 tidy.append({**where, "value": None, "std": None, "status": e.status})
         body.append(line)
@@ -182,12 +188,55 @@ def cell_text(e: Entry | None, source: str, metric: str, row, row_keys, known_me
         return "–"
     text = number_text(e.values[metric], e.stds.get(metric), METRICS.get(metric, Metric(metric)),
                        e.intervals.get(metric))
-    return {"best": f"**{text}**", "second": f"<u>{text}</u>"}.get(mark, text)
+    if metric in e.flagged:
+        text += " " + UNLIKE
+    return {"best": f"**{text}**", "second": f"<u>{text}</u>", "tied": f"{text} {TIED}"}.get(mark, text)
+
+
+TIED = "≈"    # tied within noise with the best of its group: their 95% intervals overlap
+UNLIKE = "‡"  # over too little identical work to rank (identical_work.py): never bold
+
+
+def better(a: tuple[float, float], b: tuple[float, float], higher: bool) -> bool:
+    """Interval ``a`` lies wholly on the better side of interval ``b`` (they do not overlap)."""
+    return a[0] > b[1] if higher else a[1] < b[0]
+
+
+def rank_marks(scored: list[tuple[float, object, Entry]], metric: str, higher: bool) -> dict:
+    """best / second / tied marks for one group, ``scored`` sorted best first: a mark is earned only by a cell not
+    flagged unlike whose 95% interval lies wholly beyond those below it (the best: beyond every other cell; the
+    second: the best earned its mark and the second lies beyond every cell below it). When the best's interval
+    overlaps another's, the best and every cell overlapping it are "tied" (tied within noise), none bold. A group
+    where some value has no interval gets no marks: no ordering is claimed that no interval supports."""
+    interval = {id(e): (v, v) if metric in e.exact else e.intervals.get(metric) for v, _, e in scored}
+    if len(scored) < 2 or any(i is None for i in interval.values()):
+        return {}
+    eligible = [x for x in scored if metric not in x[2].flagged]
+    if not eligible:
+        return {}
+    best = eligible[0]
+    mine = interval[id(best[2])]
+    others = [x for x in scored if x is not best]
+    if any(better(interval[id(x[2])], mine, higher) for x in others):  # a cell flagged unlike lies clearly above
+        return {}
+    overlapping = [x for x in others if not better(mine, interval[id(x[2])], higher)]
+    if overlapping:
+        return {x[1]: "tied" for x in [best, *overlapping]}
+    marks = {best[1]: "best"}
+    rest = [x for x in eligible if x is not best]
+    if rest:
+        second = rest[0]
+        below = scored[scored.index(second) + 1:]
+        if below and all(better(interval[id(second[2])], interval[id(x[2])], higher) for x in below):
+            marks[second[1]] = "second"
+    return marks
 
 
 def highlight(spec, rows, row_keys, columns, by_cell) -> dict:
     """Bold the best and underline the second best of each highlighted metric among rows sharing the
-    ``highlight.within`` row keys (the papers' convention), per column and source."""
+    ``highlight.within`` row keys (the papers' convention), per column and source — only where the 95% intervals
+    separate them (``rank_marks``): otherwise the best and those tied with it are marked tied within noise. The
+    paper's columns publish no intervals: they are not ranked."""
     h = spec.get("highlight")
     if not h:
         return {}
@@ -202,12 +251,10 @@ def highlight(spec, rows, row_keys, columns, by_cell) -> dict:
             e = by_cell.get((source, r, g))
             if e is not None and e.status == "ok" and isinstance(e.values.get(m), (int, float)):
                 part = tuple(v for k, v in zip(row_keys, r) if k in within)
-                parts.setdefault(part, []).append((e.values[m], r))
+                parts.setdefault(part, []).append((e.values[m], r, e))
         for scored in parts.values():
             scored.sort(key=lambda x: -x[0] if higher else x[0])
-            if len(scored) >= 2:
-                marks[(source, scored[0][1], g, m)] = "best"
-                marks[(source, scored[1][1], g, m)] = "second"
+            marks.update({(source, r, g, m): mark for r, mark in rank_marks(scored, m, higher).items()})
     return marks
 
 
@@ -225,7 +272,7 @@ def latex_escape(text: str) -> str:
     out = str(text)
     for a, b in (("\\", r"\textbackslash{}"), ("&", r"\&"), ("%", r"\%"), ("_", r"\_"), ("#", r"\#"),
                  ("±", r"$\pm$"), ("×", r"$\times$"), ("τ", r"$\tau$"), ("α", r"$\alpha$"), ("†", r"$^\dagger$"),
-                 ("–", "--")):
+                 ("‡", r"$^\ddagger$"), ("≈", r"$\approx$"), ("–", "--")):
         out = out.replace(a, b)
     return out
 
