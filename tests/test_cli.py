@@ -18,7 +18,7 @@ def load_records(records_dir, method):
 def test_cli_run_writes_records_and_summary(tmp_path):
     records = tmp_path / "records"
     proc = run_cli("method=speculative", "data=gsm8k", "data.limit=3", "data.max_new_tokens=24", records_dir=records)
-    assert "identical to greedy: 3/3" in proc.stdout
+    assert "lossless: 3/3 (3 identical)" in proc.stdout
     for key in ("tokens/s", "speedup vs greedy", "tau", "acceptance rate"):
         assert key in proc.stdout
     spec = load_records(records, "speculative")
@@ -103,7 +103,7 @@ def test_sampling_run_reports_no_identity_claim(tmp_path):
     records = tmp_path / "records"
     proc = run_cli("method=speculative", "data.limit=2", "data.max_new_tokens=12", "sampling.temperature=0.8",
                    "sampling.top_p=0.9", records_dir=records)
-    assert "identical to greedy:" not in proc.stdout
+    assert "identical to greedy:" not in proc.stdout and "lossless:" not in proc.stdout
     assert len(load_records(records, "speculative")) == 2
 
 
@@ -130,4 +130,4 @@ def test_baseline_skip_uses_existing_records_or_says_how_to_get_them(tmp_path):
     run_cli("method=greedy", "data.limit=2", "data.max_new_tokens=8", records_dir=records)
     proc = run_cli("method=speculative", "runner.baseline=skip", "data.limit=2", "data.max_new_tokens=8",
                    records_dir=records)
-    assert "identical to greedy: 2/2" in proc.stdout
+    assert "lossless: 2/2 (" in proc.stdout

@@ -41,7 +41,8 @@ ONE_FORWARD_PER_STEP = {"speculative", "dyn_heur", "confidence", "ppl", "oracle_
                         "sam_speculative"}
 
 
-def check_counters(gen, name: str) -> None:
+def check_counters(gen, name: str, sampled: bool = False) -> None:
+    """``sampled``: drawn above T = 0, where no token is claimed to be its row's argmax (no evidence kept)."""
     steps = gen.accept_lengths
     assert sum(steps) == len(gen.tokens), (name, steps, len(gen.tokens))
     assert all(n >= 1 for n in steps)
@@ -50,7 +51,9 @@ def check_counters(gen, name: str) -> None:
     assert sum(steps) - len(steps) <= gen.accepted <= sum(steps) - len(steps) + 1
     if name in ONE_FORWARD_PER_STEP:
         assert len(steps) == gen.target_forwards
-    if name != "hf_assisted":  # at T = 0 every kept token carries the row it was taken from, and is that row's argmax
+    if sampled:
+        assert gen.evidence == [], name
+    elif name != "hf_assisted":  # at T = 0 every kept token carries the row it was taken from, its row's argmax
         assert [e.token for e in gen.evidence] == gen.tokens, name
         assert all(e.margin >= 0 and e.top_ids[0] == e.token or e.margin == 0 for e in gen.evidence), name
 

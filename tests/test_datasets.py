@@ -155,7 +155,7 @@ def test_mt_bench_two_turns_end_to_end(tmp_path, tiny_llama):
     records = tmp_path / "records"
     proc = run_cli("method=speculative", "data=mt_bench", "data.limit=2", "data.max_new_tokens=10",
                    records_dir=records)
-    assert "identical to greedy: 2/2" in proc.stdout and "not scored" in proc.stdout
+    assert "lossless: 2/2 (" in proc.stdout and "not scored" in proc.stdout
     rows = load_records(records, "speculative")
     data = build(composed("data=mt_bench").data, "data")
     for row, example in zip(rows, data.examples()):
@@ -189,7 +189,7 @@ def test_mixture_orders_by_consecutive_number_and_scores_per_task(tmp_path):
     records = tmp_path / "records"
     proc = run_cli("method=lookahead", "method.warm_start=true", "data=mixture_cn", f"external_data={SHARED_DATA}",
                    "data.consecutive=1", "data.limit=4", "data.max_new_tokens=8", records_dir=records)
-    assert "identical to greedy: 4/4" in proc.stdout and "mixed" in proc.stdout
+    assert "lossless: 4/4 (" in proc.stdout and "mixed" in proc.stdout
     scorers = [r["score"]["scorer"] for r in load_records(records, "lookahead")]
     assert scorers == ["humaneval_pass", "gsm8k_exact_match", "rouge", "bleu"]
 

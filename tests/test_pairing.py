@@ -82,7 +82,7 @@ def test_interleaved_rounds_alternate_order_share_round_ids_and_resume(tmp_path)
     assert not look_rounds & spec_rounds and look_rounds <= {g["pairing"]["round"] for g in greedy}
     summary = json.loads(next(records.rglob("lookahead-*.summary.json")).read_text())
     assert summary["paired"] and summary["pairs"] == 3 and len(summary["speedup_ci95"]) == 2
-    assert "paired ratio" in proc.stdout
+    assert "paired per-prompt ratios" in proc.stdout
 
 
 def test_separate_pairing_times_the_baseline_alone_and_reports_unpaired(tmp_path):

@@ -331,7 +331,7 @@ def test_sam_decoding_samples_reproducibly_above_temperature_zero():
     method = SamDecoding(pair, temperature=0.8, seed=3,
                          fallback=SpeculativeDecoding(pair, "speculative", gamma=2, temperature=0.8, seed=3))
     gen = method.generate(prompt, 25, set())
-    check_counters(gen, "sam_decoding")
+    check_counters(gen, "sam_decoding", sampled=True)
     method.reset(3)
     assert method.generate(prompt, 25, set()).tokens == gen.tokens  # seeded: reproducible
 

@@ -235,7 +235,7 @@ def test_suffix_samples_above_temperature_zero():
     prompt = [5, 6, 7, 8] * 3
     method = SuffixDecoding(pair, temperature=0.8, seed=3)
     gen = method.generate(prompt, 25, set())
-    check_counters(gen, "suffix")
+    check_counters(gen, "suffix", sampled=True)
     method.reset(3)
     method.restore_state(None)
     assert method.generate(prompt, 25, set()).tokens == gen.tokens  # seeded, same state: reproducible

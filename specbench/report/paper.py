@@ -77,8 +77,8 @@ def cell_entry(spec, cell: Cell, keys: list[str]) -> Entry:
         batch_tok_per_s=s.get("batch_tok_per_s"), throughput_speedup=s.get("throughput_speedup"),
         baseline_batch_tok_per_s=s.get("batch_tok_per_s") if own else s.get("baseline_batch_tok_per_s"),
         **bound_values(s.get("bound")))
-    if s.get("speedup") is None and not own:
-        entry.values["speedup"] = "no baseline"
+    if s.get("speedup") is None and not own:  # paired, but no token both emitted alike with a clock to read there
+        entry.values["speedup"] = "no identical work" if s.get("speedup_whole") is not None else "no baseline"
     if repeats:
         entry.stds = {"tok_per_s": s.get("tok_per_s_std"), "speedup": s.get("speedup_std")}
     intervals = {"speedup": s.get("speedup_ci95"), "latency_speedup": s.get("speedup_ci95"),

@@ -73,6 +73,7 @@ def speedup_by_category(exp: Experiment, out_dir: Path) -> list[Path]:
     """Speed-up per category (and overall) per method: ours in one panel (95% intervals as error bars; a cell over
     too little identical work hatched: identical_work.py), the leaderboard's setting in the other."""
     from matplotlib import colormaps
+    from matplotlib.patches import Patch
     from matplotlib.figure import Figure
 
     panels = {"ours": bars(exp.entries), f"paper ({exp.spec.get('published_where', {}).get('setting', '')})":
@@ -108,8 +109,9 @@ def speedup_by_category(exp: Experiment, out_dir: Path) -> list[Path]:
         ax.set_ylabel("speed-up over greedy (×)")
         ax.grid(axis="y", alpha=0.3)
         ax.set_ylim(0, top * 1.5)  # room above the bars for the legend
-        if methods:
-            ax.legend(fontsize=6, ncol=3, loc="upper center")
+        if methods:  # plain patches: a method's first bar may be hatched (unlike), its legend entry is not
+            ax.legend(handles=[Patch(color=colour[m], label=label_for(exp.spec, "method.name", m)) for m in methods],
+                      fontsize=6, ncol=3, loc="upper center")
     fig.suptitle(exp.spec.get("title", exp.name), fontsize=8)
     return save(fig, out_dir, "speedup_by_category")
 
