@@ -104,7 +104,8 @@ def test_batch_sweep_table_reads_throughput_from_whole_batches_and_draws_the_fig
     records = tmp_path / "records"
     sweep = "vllm_batch_sweep"
     # batch size 2, draft model: batch walls 0.5 vs 1.0 (2.0x) and 0.8 vs 0.8 (1.0x): mean 1.5x over batches;
-    # throughput 40 tokens / 1.3 s = 30.77 against 40 / 1.8 = 22.22 tok/s; per request 2.5, 2.0, 1.5, 1.0x: 1.75x
+    # throughput 40 tokens / 1.3 s = 30.77 against 40 / 1.8 = 22.22 tok/s; per request 2.5, 2.0, 1.5, 1.0x, of
+    # which the near-tie (1.0x) is no identical work (vLLM keeps no step clock): latency 2.0x over identical work
     write_cell(config(sweep, records, "method=speculative", "runner.batch_size=2"),
                [[(0, 0.4, 1.0, "identical"), (1, 0.5, 1.0, "identical")],
                 [(2, 0.5, 0.75, "identical"), (3, 0.8, 0.8, "near-tie")]], speculative, 10, 1e6, VLLM)
@@ -122,13 +123,13 @@ def test_batch_sweep_table_reads_throughput_from_whole_batches_and_draws_the_fig
     two = rows[("draft model", "2")]
     assert two["(ours) greedy throughput (tok/s)"] == "22.22" and two["(ours) throughput (tok/s)"] == "30.77"
     assert two["(ours) throughput speed-up"] == "1.50× [1.00, 2.00]"
-    assert re.fullmatch(r"1\.75× \[[\d.]+, [\d.]+\]", two["(ours) latency speed-up"]), two
-    assert (two["(ours) τ"], two["(ours) acceptance"]) == ("2.50", "50.0%")
+    assert re.fullmatch(r"2\.00× \[[\d.]+, [\d.]+\]", two["(ours) latency speed-up"]), two
+    assert (two["(ours) τ"], two["(ours) acceptance"]) == ("2.50 [2.50, 2.50]", "50.0%")
     assert two["(ours) identical to greedy"] == "3/4 (1 near-tie)"
     assert rows[("draft model", "1")]["(ours) throughput speed-up"].startswith("1.90× [")
     ngram_two = rows[("n-gram", "2")]
     assert ngram_two["(ours) throughput speed-up"] == "0.87× [0.83, 0.90]"
-    assert (ngram_two["(ours) τ"], ngram_two["(ours) acceptance"]) == ("2.00", "12.5%")
+    assert (ngram_two["(ours) τ"], ngram_two["(ours) acceptance"]) == ("2.00 [2.00, 2.00]", "12.5%")
     assert rows[("draft model", "8")]["(ours) greedy throughput (tok/s)"] == "not run yet"
     assert rows[("n-gram", "1")]["(ours) greedy throughput (tok/s)"] == "not run yet"
 
@@ -178,23 +179,25 @@ def test_engine_parity_puts_both_engines_side_by_side_and_says_how_they_agree(tm
     (row,) = rows_of(result["table"]).values()
     ours = {h.split(" (ours) ")[1]: v for h, v in row.items() if h.startswith("hf")}
     theirs = {h.split(" (ours) ")[1]: v for h, v in row.items() if h.startswith("vLLM")}
-    assert ours == {"τ": "2.40", "acceptance": "50.0%", "α_k": "1.00 0.75 0.00", "speed-up": "1.50× [1.50, 1.50]",
+    assert ours == {"τ": "2.40 [2.40, 2.40]", "acceptance": "50.0%", "α_k": "1.00 0.75 0.00",
+                    "speed-up": "1.50× [1.50, 1.50]",
                     "greedy tok/s": "8.00", "tok/s": "12.00", "identical to greedy": "4/4", "near-ties": "0",
                     "mismatches": "0"}
-    # τ = 48 tokens / 19 forwards; α_2 = 11/15, α_3 = 4/11 (by hand, from accepted_steps)
-    assert theirs == {"τ": "2.53", "acceptance": "55.0%", "α_k": "1.00 0.73 0.36 0.00",
+    # τ over identical work (prompts 0 and 2) = 24 tokens / 10 forwards (whole outputs: 48 / 19 = 2.53);
+    # α_2 = 11/15, α_3 = 4/11 (by hand, from accepted_steps)
+    assert theirs == {"τ": "2.40 [2.40, 2.40]", "acceptance": "55.0%", "α_k": "1.00 0.73 0.36 0.00",
                       "speed-up": "1.60× [1.60, 1.60]", "greedy tok/s": "30.00", "tok/s": "48.00",
                       "identical to greedy": "2/4 (1 near-tie, 1 MISMATCH)", "near-ties": "1", "mismatches": "1"}
     (line,) = [n for n in result["table"].notes if n.startswith("parity")]
     assert line == ("parity (draft model): hf tok/s is 0.25× vLLM's (12.00 vs 48.00); hf "
-                    "greedy tok/s is 0.27× vLLM's (8.00 vs 30.00); τ 2.40 vs 2.53: -5.0% (within ±10%); "
+                    "greedy tok/s is 0.27× vLLM's (8.00 vs 30.00); τ 2.40 vs 2.40: +0.0% (within ±10%); "
                     "acceptance 50.0% vs 55.0%: -9.1% (within ±10%)")
     assert "ours: engine=vllm ran vllm 0.32.0 on cuda" in result["table"].notes
     assert not any(n.startswith("ours: batched runs") for n in result["table"].notes)  # no throughput columns
     parity_rows = {r["metric"]: float(r["value"]) for r in csv.DictReader(result["paths"]["csv"].open())
                    if r["source"] == "parity"}
     assert parity_rows == pytest.approx({"tok_per_s_ratio": 0.25, "baseline_tok_per_s_ratio": 8 / 30,
-                                         "tau_relative_difference": -0.05,
+                                         "tau_relative_difference": 0.0,
                                          "acceptance_rate_relative_difference": -1 / 11})
     for name in ("alpha_curve", "tau_speedup"):
         assert result["paths"][f"{name}.png"].stat().st_size > 5000
@@ -207,4 +210,4 @@ def test_parity_says_when_one_engine_is_missing(tmp_path):
     result = render_experiment("engine_parity", [f"runner.records_dir={records}"], out=tmp_path / "reports")
     assert "parity (draft model): hf against vLLM needs both measured" in result["table"].notes
     (row,) = rows_of(result["table"]).values()
-    assert row["vLLM (ours) τ"] == "not run yet" and row["hf (ours) τ"] == "2.40"
+    assert row["vLLM (ours) τ"] == "not run yet" and row["hf (ours) τ"] == "2.40 [2.40, 2.40]"

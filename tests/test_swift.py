@@ -15,6 +15,7 @@ from specbench.config_check import ConfigOnlyPair
 from specbench.decoding.cached_lm import CachedLM
 from specbench.decoding.loop import speculative_generate
 from specbench.errors import ConfigError
+from specbench.methods.base import NoTimeline
 from specbench.methods.greedy import Greedy
 from specbench.methods.swift import Swift, candidate_sets, search_skip_set
 from specbench.models.layer_skip import LayerSkipModel
@@ -195,7 +196,7 @@ def test_the_drafts_cache_holds_the_committed_tokens_after_rejections(temperatur
     pair = deep_pair(4)
     method = Swift(pair, gamma=4, skip_layers=[1, 2], temperature=temperature, seed=1)
     proposer = method.make_proposer(IDS)
-    gen = speculative_generate(pair.lm("target"), proposer, IDS, 30, set(), method.sampler, _NoTimeline())
+    gen = speculative_generate(pair.lm("target"), proposer, IDS, 30, set(), method.sampler, NoTimeline())
     assert gen.accepted < gen.drafted  # rejections happened
     tokens = IDS + gen.tokens
     draft = proposer.draft
@@ -203,11 +204,6 @@ def test_the_drafts_cache_holds_the_committed_tokens_after_rejections(temperatur
     rest = draft.forward(tokens[draft.length:])  # whatever it has not read yet
     fresh = CachedLM(LayerSkipModel(pair.target, [1, 2])).forward(tokens)
     torch.testing.assert_close(rest, fresh[-rest.shape[0]:], atol=1e-5, rtol=1e-5)
-
-
-class _NoTimeline:
-    def mark(self, event):
-        pass
 
 
 # -- warm start -----------------------------------------------------------------------------------------------------
