@@ -365,11 +365,12 @@ def compare(records, baseline, exact: bool = True) -> dict:
             by_repeat_ratio[r.repeat].append(ratio)
         ours, theirs = [r for r, _ in paired], [b for _, b in paired]
         speedup_whole = statistics.fmean(statistics.fmean(v) for v in whole.values())
+        whole_ci95 = bootstrap_mean_ci(list(whole.values()))
         out = {
             "speedup": speedup_whole,
-            "speedup_ci95": bootstrap_mean_ci(list(whole.values())),
+            "speedup_ci95": whole_ci95,
             "speedup_whole": speedup_whole,
-            "speedup_whole_ci95": bootstrap_mean_ci(list(whole.values())),
+            "speedup_whole_ci95": whole_ci95,
             "speedup_total": rate(ours) / rate(theirs),
             "speedup_std": _std([statistics.fmean(v) for v in by_repeat_ratio.values()]),
             "speedup_prompt_mean": speedup_whole,
@@ -425,19 +426,16 @@ def over_identical_work(pairs, paired: bool) -> dict:
     ratios with a bootstrap interval; unpaired: Σ greedy time / Σ method time. τ pooled (Σ tokens / Σ steps, the
     table's) and ``tau_prompt_mean`` (each prompt's τ, averaged)."""
     works = [(r, shared_work(r, b)) for r, b in pairs]
-    ratios = defaultdict(list)
-    for r, w in works:
-        if w.speedup is not None:
-            ratios[r.prompt_id].append(w.speedup)
-    compared = [w for _, w in works if w.speedup is not None]
+    by_prompt = by_prompt_works(works)
+    compared = [w for ws in by_prompt.values() for w in ws]
     if paired:
-        speedup = statistics.fmean(statistics.fmean(v) for v in ratios.values()) if ratios else None
-        prompt_mean, interval = speedup, bootstrap_mean_ci(list(ratios.values()))
+        ratios = [[w.speedup for w in ws] for ws in by_prompt.values()]
+        speedup = statistics.fmean(statistics.fmean(v) for v in ratios) if ratios else None
+        prompt_mean, interval = speedup, bootstrap_mean_ci(ratios)
     else:  # ratios of sums: overall, and per prompt (its repeats against greedy's first) averaged
         method_s = sum(w.method_s for w in compared)
         speedup = sum(w.greedy_s for w in compared) / method_s if method_s else None
-        per_prompt = [sum(w.greedy_s for w in ws) / sum(w.method_s for w in ws)
-                      for ws in by_prompt_works(works).values()]
+        per_prompt = [sum(w.greedy_s for w in ws) / sum(w.method_s for w in ws) for ws in by_prompt.values()]
         prompt_mean, interval = _mean(per_prompt), None
     per_prompt_tau = defaultdict(list)
     for r, w in works:
@@ -445,17 +443,15 @@ def over_identical_work(pairs, paired: bool) -> dict:
             per_prompt_tau[r.prompt_id].append(w.step_tokens / w.steps)
     steps, decoding = sum(w.steps for w in compared), sum(w.decoding_steps for w in compared)
     first = {}
-    for r, w in works:  # one comparison per prompt (its first repeat) for the cell's flags
+    for r, w in sorted(works, key=lambda rw: rw[0].repeat):  # one comparison per prompt (its first repeat): flags
         first.setdefault(r.prompt_id, (r.repeat, w))
-        if r.repeat < first[r.prompt_id][0]:
-            first[r.prompt_id] = (r.repeat, w)
     return {
         "speedup": speedup, "speedup_ci95": interval, "speedup_prompt_mean": prompt_mean,
         "tau_whole": tau([r for r, _ in works]), "tau_decoding_whole": tau_decoding([r for r, _ in works]),
         # without per-step counts (hf_assisted, vLLM) τ stays the whole outputs' (tokens per target forward)
         "tau": sum(w.step_tokens for w in compared) / steps if steps else tau([r for r, _ in works]),
         "tau_ci95": bootstrap_ratio_ci([(sum(w.step_tokens for w in ws), sum(w.steps for w in ws))
-                                        for ws in by_prompt_works(works).values()]),
+                                        for ws in by_prompt.values()]),
         "tau_prompt_mean": statistics.fmean(statistics.fmean(v) for v in per_prompt_tau.values())
         if per_prompt_tau else None,
         "tau_decoding": sum(w.decoding_tokens for w in compared) / decoding if decoding else None,
