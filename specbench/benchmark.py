@@ -10,6 +10,7 @@ from omegaconf import DictConfig
 from .components import engine_of, spec_for
 from .config_check import check_settings
 from .errors import ConfigError
+from .models.backend import fit_auto_backend
 from .records import write_json
 
 
@@ -21,6 +22,8 @@ def run(cfg: DictConfig, pair=None) -> dict:
     """
     check_settings(cfg)  # top-level keys, runner, engine's keys, a writable runner.records_dir
     engine = engine_of(cfg)
+    if pair is None and engine.name == "hf":  # auto: the fastest backend that runs this run's methods
+        cfg = fit_auto_backend(cfg)
     spec = spec_for(cfg, cfg.method, engine)
     try:
         engine.check(cfg, pair)  # sampling and every _target_ node, before any model loads or engine starts

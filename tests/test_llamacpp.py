@@ -209,6 +209,25 @@ def test_bad_backend_settings_fail_before_any_model_loads(tmp_path):
         assert proc.returncode == 2 and message in proc.stderr, (overrides, proc.stderr[-2000:])
 
 
+def test_auto_runs_a_method_llamacpp_cannot_run_on_transformers_and_says_why(tmp_path):
+    """model.backend=auto is the fastest backend that runs the run's methods: hf_assisted (transformers' generate())
+    on a GGUF pair goes to transformers with a line saying why, instead of refusing; greedy still gets llama.cpp."""
+    from .conftest import run_cli
+
+    records = tmp_path / "records"
+    proc = run_cli("model=tiny_gguf", "model.backend=auto", "method=hf_assisted", "data=humaneval", "data.limit=1",
+                   "data.max_new_tokens=8", records_dir=records)
+    assert "model.backend: auto -> transformers: method=hf_assisted does not run on llamacpp" in proc.stderr
+    record = json.loads(next(records.rglob("hf_assisted-*.jsonl")).read_text().splitlines()[0])
+    assert record["env"]["precision"]["dtype"] == "float32" and record["model_info"].get("backend") is None
+    proc = run_cli("model=tiny_gguf", "model.backend=auto", "method=greedy", "data=humaneval", "data.limit=1",
+                   "data.max_new_tokens=8", records_dir=records)
+    assert "auto -> transformers" not in proc.stderr
+    backends = {(json.loads(path.read_text().splitlines()[0])["model_info"].get("backend") or {}).get("name")
+                for path in records.rglob("greedy-*.jsonl")}
+    assert backends == {None, "llamacpp"}  # hf_assisted's transformers baseline, and this run's: two runs
+
+
 def test_without_the_package_the_error_says_how_to_install(monkeypatch):
     import sys
 

@@ -4,9 +4,12 @@
 - ``llamacpp``: llama.cpp through llama-cpp-python, on the pair's GGUF files as they are (their own quantization, no
   conversion): the engine CPU users run. Every method on the one loop runs on it; feature-level heads (EAGLE,
   GRIFFIN) and transformers' own assisted generation do not (they read a torch model).
-- ``auto``: llamacpp for a pair that has GGUF files on a CPU where llama-cpp-python is installed (a decoding step of
-  the embedded pair measured 6.9x faster than transformers' float32 on a 2-core AVX2 CPU, see docs/llamacpp.md),
-  transformers otherwise; the reason is printed and recorded.
+- ``auto``: the fastest backend that runs the run's methods: llamacpp for a pair that has GGUF files on a CPU where
+  llama-cpp-python is installed (a decoding step of the embedded pair measured 6.9x faster than transformers' float32
+  on a 2-core AVX2 CPU, see docs/llamacpp.md), transformers otherwise, and transformers too where a method of the
+  run (or its baseline, or a method nested in it) declares it does not run on llama.cpp (``backends`` on its class:
+  hf_assisted, the feature heads, Medusa/Hydra, SWIFT); the reason is printed. An explicit ``llamacpp`` stays an
+  error for those methods, naming the ones that run there.
 
 A loader says it has GGUF files with ``gguf_pair = True`` on the function (the embedded pair, tiny_gguf, gguf).
 """
@@ -104,3 +107,45 @@ def backend_of_config(model_cfg) -> Backend:
 def announce_backend(backend: Backend, role: str = "") -> None:
     if backend.requested != "transformers":
         print(f"[specbench] {role + ': ' if role else ''}{backend.describe()}", file=sys.stderr)
+
+
+def method_classes(node) -> list[type]:
+    """The classes a method config's ``_target_`` names, with those of the methods nested in it (sam_decoding's
+    ``method.fallback``); a target that does not import names none (check_components reports it)."""
+    from hydra.utils import get_object
+    from omegaconf import DictConfig
+
+    found = []
+    if isinstance(node, DictConfig) and node.get("_target_"):
+        try:
+            cls = get_object(node._target_)
+        except Exception:  # noqa: BLE001 - reported by check_node, with the valid targets
+            cls = None
+        if isinstance(cls, type):
+            found.append(cls)
+        for value in node.values():
+            found += method_classes(value) if isinstance(value, DictConfig) else []
+    return found
+
+
+def fit_auto_backend(cfg):
+    """``cfg`` with ``model.backend: auto`` made ``transformers`` where auto's first choice (llama.cpp) cannot run
+    the measured method, its baseline or a method nested in them (their classes' ``backends``), with one line saying
+    why; ``cfg`` itself otherwise. The run is then named, resumed and reported as a transformers run (it is one)."""
+    from omegaconf import OmegaConf
+
+    if cfg.model.get("backend") != "auto":
+        return cfg
+    chosen = backend_of_config(cfg.model)
+    for role in ("method", "baseline"):
+        refusing = [cls for cls in method_classes(cfg.get(role))
+                    if chosen.name not in getattr(cls, "backends", (chosen.name,))]  # a class not saying: anywhere
+        if refusing:
+            reason = getattr(refusing[0], "backend_reason", "") or f"its class runs on {refusing[0].backends}"
+            print(f"[specbench] model.backend: auto -> transformers: {role}={OmegaConf.select(cfg, role + '.name')} "
+                  f"does not run on {chosen.name} ({reason}); methods that run there get {chosen.name} under auto",
+                  file=sys.stderr)
+            break
+    else:
+        return cfg
+    return OmegaConf.merge(cfg, {"model": {"backend": "transformers"}})
