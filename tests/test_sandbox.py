@@ -219,6 +219,34 @@ def test_the_proof_token_cannot_be_reached(harness_dir, source):
     assert result.status == "failed" and "blocked by the sandbox" in result.reason and not result.proof
 
 
+CODE_FIELDS = ("co_argcount", "co_posonlyargcount", "co_kwonlyargcount", "co_nlocals", "co_stacksize", "co_flags",
+               "co_code", "co_consts", "co_names", "co_varnames", "co_filename", "co_name", "co_qualname",
+               "co_firstlineno", "co_linetable", "co_exceptiontable")
+
+
+@pytest.mark.parametrize("source", [
+    "f = lambda: 0\nf.__code__ = f.__code__.replace(co_consts=(1,))\nprint(f())",
+    f"import types\nc = (lambda: 0).__code__\nprint(types.CodeType(*[getattr(c, a) for a in {CODE_FIELDS!r}]))",
+    "import marshal\nprint(marshal.loads(marshal.dumps((lambda: 0).__code__)))",
+    "import io, marshal\nprint(marshal.load(io.BytesIO(marshal.dumps((lambda: 0).__code__))))",
+    # bytecode planted as a module: a sourceless .pyc put on the path, then imported
+    "import py_compile, importlib, sys as s\nopen('m.py', 'w').write('x = 1')\n"
+    "py_compile.compile('m.py', cfile='planted.pyc')\ns.path.insert(0, '.')\nimport planted\nprint(planted.x)",
+])
+def test_code_objects_can_only_come_from_source(harness_dir, source):
+    """Crafted bytecode (a code object built by hand, by replace() or from marshal's bytes) reads memory no audit
+    event follows: every route is refused once the program starts, while imports still compile from source."""
+    result = run_against(harness_dir, source)
+    assert result.status == "failed" and "blocked by the sandbox" in result.reason and not result.proof, result
+
+
+def test_modules_not_loaded_before_the_program_still_import(harness_dir):
+    result = run_against(harness_dir, "import calendar, difflib, plistlib\n"
+                                      "assert calendar.isleap(2024) and difflib.SequenceMatcher(None, 'ab', 'ab')\n"
+                                      "exec(compile('y = 2', 'here', 'exec'))\nassert y == 2")
+    assert result.passed, result
+
+
 # --- no escape through ordinary calls ------------------------------------------------------------------
 
 @pytest.mark.parametrize("template", [

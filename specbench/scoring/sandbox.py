@@ -13,7 +13,8 @@ stops):
   variables, the base interpreter's standard library only);
 - a Python audit hook (``sandbox_guard.py``) refusing process creation, signals, sockets, ctypes, frame
   introspection, file changes outside the temporary directory, reads of the harness's directories, further
-  audit hooks and changes to the code or defaults of the standard library's functions.
+  audit hooks, code objects built from anything but source (crafted bytecode), and changes to the code or
+  defaults of the standard library's functions.
 
 A pass needs proof that the last stage (the tests) ran to its end: a random token the harness sends the
 child through a pipe, which the guard writes back only after the tests returned. Exit status 0 — from

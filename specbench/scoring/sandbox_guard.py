@@ -12,9 +12,10 @@ the policy. In order it
    skip the tests;
 4. installs a Python audit hook (PEP 578; hooks cannot be removed) that refuses process creation,
    signals, sockets, native code, frame and garbage-collector introspection (the ways to reach the
-   token), further audit hooks, file changes outside the sandbox directory (also through a directory
-   descriptor) and reads of the harness's directories, and removes the calls that raise no audit event
-   (mknod, mkfifo, pidfd);
+   token), further audit hooks, code objects built from anything but source (``types.CodeType``,
+   ``code.replace``, ``marshal``: imports from then on compile from source), file changes outside the sandbox
+   directory (also through a directory descriptor) and reads of the harness's directories, and removes the
+   calls that raise no audit event (mknod, mkfifo, pidfd);
 5. runs the stages in order. Without entry points they share one namespace (the tests with the builtins as
    they were before the solution ran). With entry points (HumanEval's, MBPP's) the stages after the solution
    run in a namespace of their own, against the entry points wrapped, with the standard library put back
@@ -72,7 +73,13 @@ REFUSED = {
     "sys._current_frames", "sys._current_exceptions", "sys.settrace", "sys.setprofile", "gc.get_objects",
     "gc.get_referrers", "gc.get_referents",
     "sys.addaudithook", "sys.monitoring.register_callback",  # code that would run inside the tests' own steps
+    # code objects made from anything but source (types.CodeType, code.replace, marshal): crafted bytecode reads
+    # memory outside what this hook checks (the token, the tests' values), and no event follows what it reads
+    "code.__new__", "marshal.loads", "marshal.load",
 }
+# Imports after the hook is in place compile from source (no bytecode is read from a cache, none is written):
+# the compiler's bytecode only. A path nobody can create (changes outside the sandbox directory are refused).
+NO_BYTECODE_CACHE = "/nonexistent/specbench-sandbox-no-bytecode-cache"
 FRAME_ATTRIBUTES = {"tb_frame", "gi_frame", "cr_frame", "ag_frame", "f_code", "f_back", "f_locals"}
 # What makes a standard-library function do something else under the same name: refused for those functions.
 FUNCTION_INTERNALS = {"__code__", "__defaults__", "__kwdefaults__"}
@@ -237,6 +244,7 @@ def main():
     disarm_modules()
     own_proc = ("/proc/self", "/proc/thread-self", f"/proc/{os.getpid()}")  # the pid in its own namespace
     library_functions = set()
+    sys.dont_write_bytecode, sys.pycache_prefix = True, NO_BYTECODE_CACHE  # marshal is refused from here on
     sys.addaudithook(make_audit_hook(WORKDIR, DENY_READ, ALLOW_READ, own_proc, library_functions))
     active.append("audit-hook")
     report_fd = POLICY["report_fd"]
