@@ -171,6 +171,48 @@ def test_vllm_check_reaches_the_memory_check_on_cpu(monkeypatch, tmp_path, vllm_
     build(cfg.engine, "engine").check(cfg)
 
 
+def header_only_checkpoint(path, parameters: int):
+    """A safetensors file holding only its header (what checkpoint_parameters reads): a pair's size without weights."""
+    import json
+    import struct
+
+    path.mkdir(parents=True)
+    header = json.dumps({"w": {"dtype": "F32", "shape": [parameters], "data_offsets": [0, 4 * parameters]}}).encode()
+    (path / "model.safetensors").write_bytes(struct.pack("<Q", len(header)) + header)
+    return str(path)
+
+
+def test_the_embedded_pair_in_float32_on_24_gib_is_refused_naming_what_to_set(monkeypatch, tmp_path):
+    """The embedded pair's converted checkpoints (1.78B and 0.63B parameters) as float32 need ~26 GiB for the
+    baseline and speculative engines; a 24 GiB machine had 22.3 GiB available and the method engine's worker was
+    killed mid-run. Now one line before any engine starts, naming the settings that would fit."""
+    files = ModelFiles(target=header_only_checkpoint(tmp_path / "t", 1_777_088_000),
+                       draft=header_only_checkpoint(tmp_path / "d", 630_167_424), tokenizer="-", dtype="float32")
+    monkeypatch.setattr(vllm_engine, "available_memory", lambda: int(22.3 * GIB))
+    with pytest.raises(ConfigError, match=r"^engine: 2 vLLM engine\(s\) on this pair's float32 weights need ~26 GiB "
+                                          r".* MemAvailable is 22\.3 GiB: set engine\.dtype=bfloat16 \(~15 GiB"):
+        VllmEngine(kv_cache_space_gib=2).check_weights_memory(files, drafts=True, engines=2)
+    VllmEngine(kv_cache_space_gib=2).check_weights_memory(files, drafts=False, engines=1)  # greedy alone fits
+    VllmEngine(dtype="bfloat16", kv_cache_space_gib=2).check_weights_memory(files, drafts=True, engines=2)
+    monkeypatch.setattr(vllm_engine, "available_memory", lambda: int(5 * GIB))
+    with pytest.raises(ConfigError, match="set model= a smaller pair"):
+        VllmEngine(kv_cache_space_gib=2).check_weights_memory(files, drafts=True, engines=2)
+
+
+def test_vllm_measure_checks_the_weights_before_starting_an_engine(monkeypatch, tmp_path, vllm_stub):
+    from specbench.engines.checkpoints import locate
+
+    cfg = composed("engine=vllm", "engine.device=cpu", "engine.kv_cache_space_gib=1", "model=tiny_llama",
+                   "method=speculative", "data=humaneval", "data.limit=1", f"runner.records_dir={tmp_path}")
+    files = locate(plain(cfg, "model"))
+    weights = sum(vllm_engine.checkpoint_parameters(p) for p in (files.target, files.target, files.target,
+                                                                 files.draft)) * 4
+    monkeypatch.setattr(vllm_engine, "available_memory", lambda: 2 * GIB + weights // 2)  # the KV caches fit
+    monkeypatch.setattr(VllmEngine, "start", lambda *a, **k: pytest.fail("an engine started"))
+    with pytest.raises(ConfigError, match=r"^engine: 2 vLLM engine\(s\) on this pair's float32 weights"):
+        run(cfg)
+
+
 def test_unknown_engine_option_is_named():
     pytest.importorskip("vllm")
     with pytest.raises(ConfigError, match=r"^engine\.options\.max_num_seqz: not a vllm\.LLM / EngineArgs keyword"):

@@ -4,7 +4,8 @@ Two engines are started on the same weights: the baseline (no speculation) and t
 ``speculative_config``, engines/vllm_methods.py); a benchmark of the baseline alone starts one. Every round
 times one batch of ``runner.batch_size`` prompts on both, back to back, the order rotated (vllm_backend.py).
 Checked before anything starts: vLLM installed, the method's mapping, the engine's own keys (``options`` against
-vLLM's EngineArgs), and that the CPU KV cache asked for fits in free memory.
+vLLM's EngineArgs), and that the CPU KV cache asked for fits in free memory; once the files are located, before
+any engine starts, that the weights and KV caches of the engines fit too (check_weights_memory).
 """
 from __future__ import annotations
 
@@ -42,6 +43,27 @@ def available_memory() -> int:
             if line.startswith("MemAvailable:"):
                 return int(line.split()[1]) * 1024
     raise OSError("no MemAvailable in /proc/meminfo")
+
+
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+def checkpoint_parameters(path: str) -> int | None:
+    """Parameters in a local checkpoint directory, from its safetensors headers (nothing loaded); None where
+    ``path`` is not a local directory of safetensors files (a hub id vLLM fetches itself)."""
+    import json
+    import math
+    import struct
+    from pathlib import Path
+
+    files = sorted(Path(path).glob("*.safetensors")) if path and Path(path).is_dir() else []
+    count = 0
+    for file in files:
+        with open(file, "rb") as fh:
+            (size,) = struct.unpack("<Q", fh.read(8))
+            header = json.loads(fh.read(size))
+        count += sum(math.prod(t["shape"]) for name, t in header.items() if name != "__metadata__")
+    return count or None
 
 
 def core_ranges(cpus: list[int]) -> str:
@@ -147,6 +169,34 @@ class VllmEngine:
                 f"{self.kv_cache_space_gib:g} GiB x {engines} engine(s) = {kv / GIB:.1f} GiB of KV cache is more "
                 f"than this machine's free memory ({free / GIB:.1f} GiB); lower it (2 GiB holds ~70k tokens of the "
                 "embedded pair)")
+
+    def check_weights_memory(self, files, drafts: bool, engines: int) -> None:
+        """Before any engine starts (CPU): the engines' weights in the dtype they load (each engine its own copy of
+        the target, the method's also the draft when it drafts with it, and one more target while the second
+        loads), plus their KV caches, must fit in MemAvailable; otherwise one line naming what to set. A 24 GiB CPU
+        without native bf16 resolves the embedded pair to float32: ~26 GiB for the baseline and method engines."""
+        dtype = self.resolved_dtype(files)
+        params = {role: checkpoint_parameters(getattr(files, role)) for role in ("target", "draft")}
+        if params["target"] is None or dtype not in DTYPE_BYTES:
+            return  # a hub id: vLLM reports what does not fit
+
+        def need(width: int, kv: int) -> float:
+            weights = (engines + (engines > 1)) * params["target"] + (params["draft"] or 0) * drafts
+            return (weights * width + kv * GIB * engines) / GIB
+
+        free = available_memory() / GIB
+        needed = need(DTYPE_BYTES[dtype], self.kv_cache_space_gib)
+        if needed <= free:
+            return
+        fixes = [f"engine.dtype=bfloat16 (~{need(2, self.kv_cache_space_gib):.0f} GiB; other numbers than "
+                 f"engine=hf's {dtype})"] if dtype == "float32" and need(2, self.kv_cache_space_gib) <= free else []
+        if self.kv_cache_space_gib > 1 and need(DTYPE_BYTES[dtype], 1) <= free:
+            fixes.insert(0, f"engine.kv_cache_space_gib=1 (~{need(DTYPE_BYTES[dtype], 1):.0f} GiB)")
+        raise ConfigError(
+            f"engine: {engines} vLLM engine(s) on this pair's {dtype} weights need ~{needed:.0f} GiB here (the "
+            f"target in each engine and once more while one loads{', the draft' if drafts else ''}, "
+            f"{self.kv_cache_space_gib} GiB of KV cache each) and MemAvailable is {free:.1f} GiB: set "
+            + (" or ".join(fixes) if fixes else "model= a smaller pair, or run where more memory is free"))
 
     def threads_bind(self, threads: int) -> str:
         if self.cpu_threads_bind != "auto":

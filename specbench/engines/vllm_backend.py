@@ -123,10 +123,13 @@ def measure(engine, cfg: DictConfig, spec) -> dict:
     print(f"[specbench] engine vllm {engine.version} on {device}: starting the "
           f"{'baseline' if is_baseline else 'baseline and method'} engine(s); threads {threads}, batch size "
           f"{cfg.runner.batch_size}", file=sys.stderr)
+    speculative = None if is_baseline else speculative_config(method_cfg, files)
+    if device == "cpu":  # before any engine starts: the weights too, now that the files are known
+        engine.check_weights_memory(files, drafts=bool(speculative) and speculative.get("model") == files.draft,
+                                    engines=1 if is_baseline else 2)
     base = VllmSession(engine.start(files, None, threads), codec.eos_ids)
     sessions = [Entry(base, base_spec)]
     if not is_baseline:
-        speculative = speculative_config(method_cfg, files)
         sessions.append(Entry(VllmSession(engine.start(files, speculative, threads), codec.eos_ids), spec))
     env = {**environment(torch.device(device)), "threads": threads, "engine": f"vllm {engine.version}",
            "precision": precision.as_record(),
