@@ -67,6 +67,7 @@ class RunnerConfig:
     oversubscribe: bool = False  # true: allow more threads than the CPUs this process may use
     batch_size: Annotated[int, Range(ge=1)] = 1  # requests in flight per round (engine=vllm; engine=hf: 1)
     bound: bool = True  # measure T(k) after the run and print the speed-up the forward costs allow beside it
+    cost_tables: Literal["reuse", "measure"] = "reuse"  # the bound's T(k): kept tables where they hold
 
 
 # Top-level keys of a composed config: "target" nodes are checked against their _target_'s constructor.

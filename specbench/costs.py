@@ -262,7 +262,7 @@ def verify_table(costs: ForwardCosts) -> dict[int, float]:
 
 
 def run_bound(pair, records: list, baseline: list, prompt: list[int], repeats: int = 3,
-              draft=None, head=None) -> dict | None:
+              draft=None, head=None, store=None) -> dict | None:
     """The bound of one run (what ``python -m specbench`` prints beside the speed-up): forward costs measured now,
     after the timed generations, on this pair and machine (``measure_forward_costs``): every block size up to 64
     the records fed, and 1, 32, 64 of each model; larger blocks, i.e. prefills, are extrapolated linearly from
@@ -275,7 +275,9 @@ def run_bound(pair, records: list, baseline: list, prompt: list[int], repeats: i
     layer-skipped target, ``self_draft``; a model: each table times a fresh CachedLM around it). head: a draft
     head's forwards as a model (``head_cost_probe``: EAGLE's layer, Medusa's heads), timed over the block sizes
     the records' ``head`` forwards fed (after the prompt only); without it those forwards are not priced (the bound
-    is then higher than the forwards allow).
+    is then higher than the forwards allow). store: a ``cost_tables.CostTableStore``: the pair's target and draft
+    tables are reused from earlier runs on this machine where they still hold (each table says, ``cost_tables``);
+    None measures them all. The tables' context is the one they were measured after (``prompt_tokens``).
     None without a baseline or forward sizes (engine=vllm)."""
     from .metrics import matched_baseline
 
@@ -285,23 +287,32 @@ def run_bound(pair, records: list, baseline: list, prompt: list[int], repeats: i
     if not base or not fed["target"]:
         return None
 
+    def measured(role: str, model, after: list[int], sizes: set[int]) -> tuple[ForwardCosts, int, dict]:
+        if store is None or (role == "draft" and draft is not None):  # a self-draft is this run's own
+            return measure_forward_costs(model, after, sizes, repeats=repeats), len(after), {"tables": "measured"}
+        return store.costs(role, model, after, sizes, repeats)
+
     def tables(after: list[int]) -> dict:
-        """T(k) of the target and the draft after ``after``, each from an empty cache (a fresh pair.lm, or a
-        CachedLM made around ``draft``), as the summary stores them."""
-        near = {"target": measure_forward_costs(pair.lm("target"), after, fed["target"] | ANCHORS, repeats=repeats)}
+        """T(k) of the target and the draft after ``after`` (or after as many tokens as a kept table was measured
+        after), each from an empty cache (a fresh pair.lm, or a CachedLM made around ``draft``), as the summary
+        stores them."""
+        target, context, how = measured("target", pair.lm("target"), after, fed["target"] | ANCHORS)
+        near, done = {"target": target}, {"target": how}
         if fed["draft"] and (draft is not None or pair.draft is not None):
             drafter = draft if draft is not None else pair.lm("draft")
-            near["draft"] = measure_forward_costs(drafter, after, fed["draft"] | ANCHORS, repeats=repeats)
-        return {key: value for role, costs in near.items() for key, value in
-                ((f"{role}_ms", costs.ms), (f"{role}_row_ms", costs.row_ms), (f"{role}_rows_ms", costs.rows_ms))}
+            cyclic = (after * (context // len(after) + 1))[:context]
+            near["draft"], _, done["draft"] = measured("draft", drafter, cyclic, fed["draft"] | ANCHORS)
+        return {**{key: value for role, costs in near.items() for key, value in
+                   ((f"{role}_ms", costs.ms), (f"{role}_row_ms", costs.row_ms), (f"{role}_rows_ms", costs.rows_ms))},
+                "prompt_tokens": context, "cost_tables": done}
 
-    result = {"draft_ms": None, "draft_row_ms": None, **tables(prompt), "prompt_tokens": len(prompt)}
+    result = {"draft_ms": None, "draft_row_ms": None, **tables(prompt)}
     if fed["head"] and head is not None:
         probe = measure_forward_costs(head, prompt, fed["head"] | {1}, repeats=repeats)
         result.update(head_ms=probe.ms, head_row_ms=probe.row_ms, head_rows_ms=probe.rows_ms)
     far = long_context(records + base, len(prompt))
     if far is not None:  # a cyclic copy of the prompt: a forward's cost depends on how much it attends to, not on what
-        result["long_context"] = {"prompt_tokens": far, **tables((prompt * (far // len(prompt) + 1))[:far])}
+        result["long_context"] = tables((prompt * (far // len(prompt) + 1))[:far])
     costs = [stored_costs(result, role) for role in ROLES]
     limit = bound(records, base, *costs)
     if limit is None:

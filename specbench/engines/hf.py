@@ -2,13 +2,16 @@
 from __future__ import annotations
 
 import sys
+import time
+from pathlib import Path
 
 import torch
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 from transformers.utils import logging as transformers_logging
 
 from .. import components  # components.build(...) through the module: tests guard what it builds
 from ..components import check_resolution, needs_draft_model, pairing_mode, run_inputs
+from ..cost_tables import CostTableStore, cost_table_identity
 from ..costs import run_bound
 from ..errors import require
 from ..lossless import LosslessCheck
@@ -97,10 +100,20 @@ def measure(cfg: DictConfig, spec: RunSpec, pair=None) -> dict:
         prompt = backend.encode([{"role": "user", "content": examples[0].prompt}], False)
         drafter = getattr(method.method, "self_draft", None)  # a draft made of the target's own layers (swift)
         head = getattr(method.method, "head_cost_probe", None)  # a draft head's forwards (eagle, medusa, ...)
+        store = (CostTableStore(Path(cfg.runner.records_dir) / "cost_tables",
+                                cost_table_identity(OmegaConf.to_container(cfg.model, resolve=True), pair, threads))
+                 if cfg.runner.cost_tables == "reuse" else None)
+        started = time.perf_counter()
         limit = run_bound(pair, records, baseline_records, prompt, draft=drafter() if drafter else None,
-                          head=head() if head else None)
+                          head=head() if head else None, store=store)
         if limit is not None:
+            limit["bound_s"] = time.perf_counter() - started
             facts["bound"] = limit
+            how = {role: done["tables"] for role, done in limit["cost_tables"].items()}
+            print(f"[specbench] bound: forward costs in {limit['bound_s']:.1f} s (tables "
+                  f"{', '.join(f'{role} {what}' for role, what in how.items())}"
+                  f"{'; runner.cost_tables=measure re-measures them' if 'reused' in how.values() else ''})",
+                  file=sys.stderr)
     if pair.execution.static:  # how the forwards ran, and the (untimed) capture work done for it
         graphs, seconds = pair.captures
         facts["execution"] = {**pair.execution.as_record(), "graphs_captured": graphs, "capture_s": seconds}

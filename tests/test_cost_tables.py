@@ -1,0 +1,130 @@
+"""The bound's forward-cost tables are kept between runs (cost_tables.py): a sweep's later jobs re-time two sizes
+instead of every table, and a table is measured again when it is old, of another context, or the machine no longer
+agrees with it. Before, every job of a 10-method sweep re-measured every table (~5 min after a 2-min decode)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from specbench import cost_tables, costs
+from specbench.cost_tables import CostTableStore
+from specbench.methods.greedy import Greedy
+from specbench.methods.speculative import SpeculativeDecoding
+from specbench.schema import RunRecord
+
+from .test_feature_heads import tiny_pair
+
+PROMPT = [3, 17, 29, 5, 41, 8, 12, 3, 17, 29]
+
+
+class CountingLM:
+    """A pair's CachedLM that counts the tokens its forwards fed (the work a table costs)."""
+
+    def __init__(self, lm):
+        self.lm, self.fed = lm, 0
+
+    def forward(self, ids, **kwargs):
+        self.fed += len(ids)
+        return self.lm.forward(ids, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self.lm, name)
+
+
+@pytest.fixture(scope="module")
+def pair():
+    return tiny_pair()
+
+
+@pytest.fixture(autouse=True)
+def steady_clock(monkeypatch):
+    """The forwards run (and are counted), but each block's time is a fixed function of its size: a tiny model's
+    ~1 ms forwards on a busy machine vary by tens of percent, and what is tested here is what the store decides."""
+    real = costs.time_blocks
+
+    def timed(lm, prompt, blocks, repeats=3):
+        real(lm, prompt, blocks, repeats)
+        return {(k, rows): 1.0 + 0.1 * k + 0.01 * rows + 0.001 * len(prompt) for k, rows in blocks}
+    monkeypatch.setattr(costs, "time_blocks", timed)
+    monkeypatch.setattr(cost_tables, "time_blocks", timed)
+
+
+def store_at(tmp_path, **identity) -> CostTableStore:
+    return CostTableStore(tmp_path / "cost_tables", {"model": "tiny", "threads": 2, **identity})
+
+
+def costs_of(store, pair, sizes, after=PROMPT):
+    lm = CountingLM(pair.lm("target"))
+    table, context, how = store.costs("target", lm, after, set(sizes), repeats=1)
+    return table, context, how, lm.fed
+
+
+def test_a_second_run_reuses_the_table_and_feeds_a_fraction_of_the_tokens(tmp_path, pair):
+    store = store_at(tmp_path)
+    first, context, how, fed_first = costs_of(store, pair, {1, 2, 4, 32, 64})
+    assert how == {"tables": "measured", "because": "no table kept for this context"} and context == len(PROMPT)
+    again, _, how, fed_again = costs_of(store, pair, {1, 2, 4, 32, 64}, after=PROMPT[:-3] + [9, 9, 9])
+    assert how["tables"] == "reused" and set(how["drift"]) == {1, 64} and how["added"] == []
+    assert again.ms == first.ms and again.rows_ms == first.rows_ms
+    assert fed_again < fed_first / 4  # T(1) and T(64) re-timed; the rest (and the 9-point rows curve) not
+
+
+def test_a_size_the_table_lacks_is_timed_with_the_check_and_kept(tmp_path, pair):
+    store = store_at(tmp_path)
+    costs_of(store, pair, {1, 2, 32, 64})
+    table, _, how, _ = costs_of(store, pair, {1, 2, 5, 32, 64})
+    assert how["tables"] == "reused" and how["added"] == [5] and 5 in table.ms
+    kept = json.loads(store.path("target").read_text())["tables"]
+    assert len(kept) == 1 and "5" in kept[0]["one_row_ms"]
+
+
+@pytest.mark.parametrize("change", ["drift", "age", "context", "identity"])
+def test_a_table_that_no_longer_holds_is_measured_again(tmp_path, pair, change):
+    store = store_at(tmp_path)
+    costs_of(store, pair, {1, 2, 64})
+    path = store.path("target")
+    kept = json.loads(path.read_text())
+    if change == "drift":  # the machine is now 10% faster than the table says
+        kept["tables"][0]["one_row_ms"]["1"] *= 1.1
+    if change == "age":
+        kept["tables"][0]["measured_at"] -= store.max_age_s + 1
+    path.write_text(json.dumps(kept))
+    after = PROMPT * 5 if change == "context" else PROMPT  # 40 tokens further than any kept table
+    if change == "identity":
+        store = store_at(tmp_path, threads=1)
+    _, context, how, _ = costs_of(store, pair, {1, 2, 64}, after=after)
+    assert how["tables"] == "measured" and context == len(after)
+    assert ("differs from the kept table's by more than 8%" in how["because"]) == (change == "drift")
+
+
+def test_run_bound_with_a_store_reuses_both_models_tables_and_bounds_alike(tmp_path, pair):
+    def record(method):
+        gen = method.generate(PROMPT, 12, set())
+        return RunRecord(prompt_id="p", new_tokens=len(gen.tokens), forward_sizes=gen.forward_sizes,
+                         forward_rows=gen.forward_rows, forward_contexts=gen.forward_contexts)
+
+    run, base = [record(SpeculativeDecoding(pair, "speculative", gamma=3))], [record(Greedy(pair, "greedy"))]
+    store = store_at(tmp_path)
+    first = costs.run_bound(pair, run, base, PROMPT, repeats=1, store=store)
+    second = costs.run_bound(pair, run, base, PROMPT, repeats=1, store=store)
+    assert {r: d["tables"] for r, d in first["cost_tables"].items()} == {"target": "measured", "draft": "measured"}
+    assert {r: d["tables"] for r, d in second["cost_tables"].items()} == {"target": "reused", "draft": "reused"}
+    assert second["target_ms"] == first["target_ms"] and second["bound"] == pytest.approx(first["bound"])
+    assert costs.run_bound(pair, run, base, PROMPT, repeats=1)["cost_tables"]["target"]["tables"] == "measured"
+
+
+def test_a_sweep_measures_the_tables_once_and_says_so(tmp_path, monkeypatch):
+    """Through the CLI (real clocks): the second job checks the first job's table; on a busy machine a tiny model's
+    T(1) may drift past 8%, and then the record says so."""
+    from .conftest import run_cli
+
+    records = tmp_path / "records"
+    proc = run_cli("-m", "method=speculative,prompt_lookup", "data=humaneval", "data.limit=2",
+                   "data.max_new_tokens=16", records_dir=records)
+    summaries = {p.name.split("-")[0]: json.loads(p.read_text()) for p in records.rglob("*.summary.json")}
+    assert summaries["speculative"]["bound"]["cost_tables"]["target"]["tables"] == "measured"
+    second = summaries["prompt_lookup"]["bound"]["cost_tables"]["target"]
+    assert second["tables"] == "reused" or "differs from the kept table's" in second["because"], second
+    assert summaries["prompt_lookup"]["bound"]["bound_s"] > 0 and "bound: forward costs in" in proc.stderr
+    assert list((records / "cost_tables").glob("target-*.json"))
