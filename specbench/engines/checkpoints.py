@@ -31,7 +31,7 @@ def hub_files(model: dict, dtype: str) -> ModelFiles:
 
 def tiny_files(model: dict, dtype: str) -> ModelFiles:
     """The tiny random pair engine=hf builds, saved as two checkpoints with its byte tokenizer."""
-    from ..models.files import cache_root
+    from ..models.files import cache_root, publish, staging_path
     from ..models.tiny import build_tiny_pair
 
     settings = {k: v for k, v in model.items() if k not in ("_target_", "device", "linear_kernel")}
@@ -40,10 +40,10 @@ def tiny_files(model: dict, dtype: str) -> ModelFiles:
     if not (root / "draft" / "config.json").exists():
         pair = build_tiny_pair(**{**settings, "device": "cpu", "linear_kernel": "torch"})
         for role, lm in (("target", pair.target), ("draft", pair.draft)):
-            tmp = root / f"{role}.tmp"
-            lm.save_pretrained(tmp)
-            pair.tokenizer.save_pretrained(tmp)
-            tmp.replace(root / role)
+            staged = staging_path(root / role)
+            lm.save_pretrained(staged)
+            pair.tokenizer.save_pretrained(staged)
+            publish(staged, root / role)
     return ModelFiles(target=str(root / "target"), draft=str(root / "draft"), tokenizer=str(root / "target"),
                       dtype=dtype)
 

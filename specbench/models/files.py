@@ -17,3 +17,26 @@ def sha256_of(path: Path) -> str:
         for block in iter(lambda: fh.read(1 << 24), b""):
             digest.update(block)
     return digest.hexdigest()
+
+
+def staging_path(dest: Path) -> Path:
+    """Where this process writes ``dest`` (a file or a folder) before ``publish``: a name of its own beside it, so
+    processes building the same cache entry at once (parallel test workers, a sweep's jobs) never write into one
+    another's half-written copy."""
+    return dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
+
+
+def publish(staged: Path, dest: Path) -> Path:
+    """Move ``staged`` (``staging_path(dest)``) to ``dest`` atomically; where another process published it first (the
+    same content: cache entries are derived deterministically), keep theirs and drop ours."""
+    import shutil
+
+    if staged.is_file() or not dest.exists():
+        try:
+            os.replace(staged, dest)
+        except OSError:  # a folder another process published in the meantime
+            if not dest.exists():
+                raise
+    if staged.exists():
+        shutil.rmtree(staged) if staged.is_dir() else staged.unlink()
+    return dest

@@ -31,16 +31,16 @@ def gguf_tokenizer(path: Path):
     kept under ``$SPECBENCH_CACHE/tokenizers/``."""
     from transformers import AutoTokenizer
 
-    from .files import cache_root
+    from .files import cache_root, publish, staging_path
 
     saved = cache_root() / "tokenizers" / f"{path.stem}-{file_version(path)}"
     if (saved / "tokenizer_config.json").exists():
         return AutoTokenizer.from_pretrained(saved)
     print(f"[specbench] reading the tokenizer of {path.name}; once only", file=sys.stderr)
     tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-    tmp = saved.with_name(saved.name + ".tmp")
-    tokenizer.save_pretrained(tmp)
-    tmp.rename(saved)
+    staged = staging_path(saved)
+    tokenizer.save_pretrained(staged)
+    publish(staged, saved)
     return tokenizer
 
 

@@ -89,6 +89,7 @@ def file_version(path: Path) -> str:
 
 def file_sha256(path: Path) -> str:
     """The file's sha256, cached beside other specbench caches by (path, size, mtime): hashing 1 GB takes seconds."""
+    from ..records import write_json
     from .files import cache_root, sha256_of
 
     memo = cache_root() / "sha256" / f"{file_version(path)}.json"
@@ -96,7 +97,7 @@ def file_sha256(path: Path) -> str:
         return json.loads(memo.read_text())["sha256"]
     digest = sha256_of(path)
     memo.parent.mkdir(parents=True, exist_ok=True)
-    memo.write_text(json.dumps({"path": str(path), "sha256": digest}))
+    write_json(memo, {"path": str(path), "sha256": digest})  # whole or not at all: other processes read it
     return digest
 
 
