@@ -12,8 +12,9 @@ host, library versions). ``CostTableStore.costs`` reuses a stored table when
 
 Otherwise the table is measured whole (``measure_forward_costs``) and replaces the stored one. Sizes the stored
 table lacks are added to it as timed in the check. What happened is returned for the run's record: ``measured``,
-or ``reused`` with the age and the drift seen. Tables live under ``<runner.records_dir>/cost_tables/`` (one JSON
-file per key and model), written whole (atomically), so parallel jobs of a sweep can share them.
+or ``reused`` with the age and the drift seen. Tables live with the machine's other measurements (the noise
+calibrations) under ``$SPECBENCH_CACHE/cost_tables/`` (one JSON file per key and model), written whole
+(atomically), so parallel jobs of a sweep and later runs in other records folders share them.
 """
 from __future__ import annotations
 

@@ -142,7 +142,11 @@ def verdicts(pair, make_method, bug: str | None, prompts: list[list[int]], budge
     check = LosslessCheck(pair, threads=torch.get_num_threads())
     out = []
     for prompt in prompts:
-        greedy = Greedy(pair, "greedy").generate(prompt, budget, set(eos_ids))
+        memo = vars(pair).setdefault("_planted_bugs_greedy", {})  # greedy is deterministic: once per pair and prompt
+        key = (tuple(prompt), budget, frozenset(eos_ids))
+        if key not in memo:
+            memo[key] = Greedy(pair, "greedy").generate(prompt, budget, set(eos_ids))
+        greedy = memo[key]
         method = make_method()
         method.reset(0)
         if bug is None:

@@ -4,6 +4,7 @@ agrees with it. Before, every job of a 10-method sweep re-measured every table (
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -119,12 +120,12 @@ def test_a_sweep_measures_the_tables_once_and_says_so(tmp_path, monkeypatch):
     T(1) may drift past 8%, and then the record says so."""
     from .conftest import run_cli
 
-    records = tmp_path / "records"
+    records, cache = tmp_path / "records", tmp_path / "cache"  # a cache of its own: no table kept from other tests
     proc = run_cli("-m", "method=speculative,prompt_lookup", "data=humaneval", "data.limit=2",
-                   "data.max_new_tokens=16", records_dir=records)
+                   "data.max_new_tokens=16", records_dir=records, env={**os.environ, "SPECBENCH_CACHE": str(cache)})
     summaries = {p.name.split("-")[0]: json.loads(p.read_text()) for p in records.rglob("*.summary.json")}
     assert summaries["speculative"]["bound"]["cost_tables"]["target"]["tables"] == "measured"
     second = summaries["prompt_lookup"]["bound"]["cost_tables"]["target"]
     assert second["tables"] == "reused" or "differs from the kept table's" in second["because"], second
     assert summaries["prompt_lookup"]["bound"]["bound_s"] > 0 and "bound: forward costs in" in proc.stderr
-    assert list((records / "cost_tables").glob("target-*.json"))
+    assert list((cache / "cost_tables").glob("target-*.json"))

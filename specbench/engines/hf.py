@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import sys
 import time
-from pathlib import Path
 
 import torch
 from omegaconf import DictConfig, OmegaConf
@@ -16,6 +15,7 @@ from ..costs import run_bound
 from ..errors import require
 from ..lossless import LosslessCheck
 from ..metrics import one_per_prompt
+from ..models.files import cache_root
 from ..models.precision import precision_of_config
 from ..runner import Entry, Runner, RunSpec
 from .loops import LoopBackend
@@ -100,7 +100,7 @@ def measure(cfg: DictConfig, spec: RunSpec, pair=None) -> dict:
         prompt = backend.encode([{"role": "user", "content": examples[0].prompt}], False)
         drafter = getattr(method.method, "self_draft", None)  # a draft made of the target's own layers (swift)
         head = getattr(method.method, "head_cost_probe", None)  # a draft head's forwards (eagle, medusa, ...)
-        store = (CostTableStore(Path(cfg.runner.records_dir) / "cost_tables",
+        store = (CostTableStore(cache_root() / "cost_tables",
                                 cost_table_identity(OmegaConf.to_container(cfg.model, resolve=True), pair, threads))
                  if cfg.runner.cost_tables == "reuse" else None)
         started = time.perf_counter()
