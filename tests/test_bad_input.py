@@ -82,6 +82,7 @@ BAD = {  # override(s) -> the start of the one-line error
     "model.hidden_size=big": "model.hidden_size: must be an integer, got 'big'",
     "+model.hiden_size=32": "model.hiden_size: unknown key for specbench.models.tiny.build_tiny_pair (did you mean",
     "model.dtype=half": "model.dtype: unknown dtype 'half'",
+    "model.device=tpu": "model.device: 'tpu' is not a device (",  # was a RuntimeError traceback from torch
     "logger=wandb logger.mode=sometimes": "logger.mode: 'sometimes' is not one of",
     "logger=wandb +logger.projekt=x": "logger.projekt: unknown key for specbench.tracking.WandbTracker",
     "model=vicuna_13b_68m model.draft=null": "model: method 'speculative' needs a draft model; pair 'vicuna-13b-68m'",

@@ -73,7 +73,9 @@ def resolve_execution(execution: str = "auto", device: str | torch.device = "cpu
     weights load."""
     require(execution in EXECUTIONS, f"{key}.execution",
             f"unknown execution {execution!r}; valid: {list(EXECUTIONS)}")
-    dev = torch.device(device)
+    from .precision import check_device
+
+    dev = check_device(device, f"{key}.device")  # model.device=tpu: a ConfigError naming the valid devices
     buckets = check_buckets(DEFAULT_BUCKETS if buckets is None else buckets, f"{key}.buckets")
     require(cache_length is None or (isinstance(cache_length, int) and not isinstance(cache_length, bool)
                                      and cache_length > max(buckets)), f"{key}.cache_length",
