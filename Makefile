@@ -15,6 +15,9 @@ ARGS ?=
 # `make lock` from a venv that passed `make test`), so make run, make test and make bench get the same versions
 # and installing vLLM never changes one. GPU installs do not use it (README, *Install*).
 LOCK := constraints-cpu.txt
+# pytest-xdist workers for make test / test-fast, each pinned to its share of the CPUs (tests/conftest.py): nothing
+# in a test is timed, and on 2 cores two workers halve the suite's wall time
+TEST_WORKERS ?= 2
 PIP := $(BIN)/pip install --quiet --constraint $(LOCK)
 PIP_WHEEL := $(BIN)/pip wheel --quiet --constraint $(LOCK)
 # the tests that touch transformers' cache API, run by `make test-newest` on the newest 5.x outside the lock
@@ -93,11 +96,11 @@ run: ## Default benchmark: speculative vs greedy (paired) on 4 GSM8K prompts, em
 
 test: $(CONVERTED_STAMP) $(VLLM_STAMP) $(LLAMA_STAMP) ## Lint (ruff), then all tests, including the slow ones on the embedded pair (what CI runs)
 	$(BIN)/ruff check specbench tests
-	$(BIN)/python -m pytest tests
+	$(BIN)/python -m pytest tests -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder
 
 test-fast: $(STAMP) $(VLLM_STAMP) $(LLAMA_STAMP) ## Lint (ruff), then the tests on tiny in-process models only (no embedded weights needed)
 	$(BIN)/ruff check specbench tests
-	$(BIN)/python -m pytest tests -m "not slow"
+	$(BIN)/python -m pytest tests -m "not slow" -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder
 
 test-newest: $(STAMP) ## The tests that touch transformers' cache API on the newest transformers 5.x (outside the lock, deprecations as errors)
 	# installed beside the venv, not into it (the venv keeps the locked version), and put first on the path

@@ -12,6 +12,35 @@ ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = Path(os.environ.get("SPECBENCH_EXTERNAL_DATA") or ROOT.parent / "shared" / "data")
 
 os.environ.setdefault("WANDB_MODE", "disabled")
+
+
+def pin_xdist_worker() -> None:
+    """Under pytest-xdist (``make test`` runs two workers), each worker and the processes it starts get a share of
+    the CPUs of their own: a test then runs as on a machine of that many cores (``runner.threads: null`` resolves
+    to them, torch and llama.cpp use that many threads), instead of every worker's threads fighting for all of
+    them, where spinning thread pools make everything slower than one worker would."""
+    worker, count = os.environ.get("PYTEST_XDIST_WORKER"), int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if not worker or count < 2 or not hasattr(os, "sched_setaffinity"):
+        return
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < count:
+        return
+    share = set(cpus[int(worker.removeprefix("gw")) % count::count])
+    os.sched_setaffinity(0, share)
+    import torch
+
+    torch.set_num_threads(len(share))
+
+
+pin_xdist_worker()
+
+
+def pytest_collection_modifyitems(config, items):
+    """Under pytest-xdist (``--dist loadscope``: a module's tests on one worker, so module-scoped fixtures such as a
+    vLLM run are built once): the slow tests on the embedded pair first, so that the longest pieces of work start
+    while the other worker takes the rest module by module."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        items.sort(key=lambda item: item.get_closest_marker("slow") is None)  # stable: the slow ones first
 # the device the tiny pairs of the equivalence, tree and head tests run on: cuda checks the GPU code path
 TEST_DEVICE = os.environ.get("SPECBENCH_TEST_DEVICE", "cpu")
 
