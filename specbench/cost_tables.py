@@ -8,7 +8,11 @@ host, library versions). ``CostTableStore.costs`` reuses a stored table when
   one asked for (a forward's cost changes by ~1% per 100 cached tokens on the embedded pair; never longer: the
   table's blocks must fit where the run's did), and
 - the machine still agrees with it: T(1) and T of the largest size asked for are timed again now (with any sizes
-  the table lacks, interleaved in the same passes) and each is within ``drift`` of the stored value.
+  the table lacks, interleaved in the same passes) and each is within ``drift`` (15%) of the stored value. Why 15%:
+  on a shared 2-core Zen 3 (llama.cpp Q4, the embedded target) T(1) of tables measured a few minutes apart, one
+  after each job of a sweep, differed by +18% and -15%; a table measured afresh is then no closer to the
+  conditions the run's forwards ran in than a kept one within that (the bound's forwards factor shows how far the
+  run's forwards were from the table either way).
 
 Otherwise the table is measured whole (``measure_forward_costs``) and replaces the stored one. Sizes the stored
 table lacks are added to it as timed in the check. What happened is returned for the run's record: ``measured``,
@@ -34,7 +38,8 @@ class CostTableStore:
     identity: dict             # what the tables' numbers depend on (cost_table_identity)
     max_age_s: float = 24 * 3600
     context_slack: int = 32    # tokens: a table after 1,000 tokens serves a run asking for 1,020
-    drift: float = 0.08        # relative: T(1) and T(k_max) now vs stored
+    drift: float = 0.15        # relative: T(1) and T(k_max) now vs stored (why 15%: the module docstring)
+    check_repeats: int = 5     # the re-timing's passes (median): two sizes, so more passes than a whole table's
 
     def path(self, role: str) -> Path:
         digest = hashlib.sha256(json.dumps({**self.identity, "role": role}, sort_keys=True,
@@ -62,7 +67,8 @@ class CostTableStore:
             missing = sorted(k for k in sizes if k not in kept.ms)
             checks = sorted({1, max(sizes)} & set(kept.ms))
             prefix = (after * (table["context"] // max(len(after), 1) + 1))[:table["context"]]
-            timed = time_blocks(as_lm(model), prefix, [(k, 1) for k in sorted(set(checks) | set(missing))], repeats)
+            timed = time_blocks(as_lm(model), prefix, [(k, 1) for k in sorted(set(checks) | set(missing))],
+                                max(repeats, self.check_repeats))
             drifts = {k: round(timed[(k, 1)] / kept.ms[k] - 1, 4) for k in checks}
             if all(abs(d) <= self.drift for d in drifts.values()):
                 kept.ms.update({k: timed[(k, 1)] for k in missing})

@@ -57,7 +57,7 @@ def store_at(tmp_path, **identity) -> CostTableStore:
 
 def costs_of(store, pair, sizes, after=PROMPT):
     lm = CountingLM(pair.lm("target"))
-    table, context, how = store.costs("target", lm, after, set(sizes), repeats=1)
+    table, context, how = store.costs("target", lm, after, set(sizes), repeats=3)  # run_bound's default
     return table, context, how, lm.fed
 
 
@@ -68,7 +68,7 @@ def test_a_second_run_reuses_the_table_and_feeds_a_fraction_of_the_tokens(tmp_pa
     again, _, how, fed_again = costs_of(store, pair, {1, 2, 4, 32, 64}, after=PROMPT[:-3] + [9, 9, 9])
     assert how["tables"] == "reused" and set(how["drift"]) == {1, 64} and how["added"] == []
     assert again.ms == first.ms and again.rows_ms == first.rows_ms
-    assert fed_again < fed_first / 4  # T(1) and T(64) re-timed; the rest (and the 9-point rows curve) not
+    assert fed_again < fed_first / 3  # T(1) and T(64) re-timed; the rest (and the 9-point rows curve) not
 
 
 def test_a_size_the_table_lacks_is_timed_with_the_check_and_kept(tmp_path, pair):
@@ -86,8 +86,8 @@ def test_a_table_that_no_longer_holds_is_measured_again(tmp_path, pair, change):
     costs_of(store, pair, {1, 2, 64})
     path = store.path("target")
     kept = json.loads(path.read_text())
-    if change == "drift":  # the machine is now 10% faster than the table says
-        kept["tables"][0]["one_row_ms"]["1"] *= 1.1
+    if change == "drift":  # the machine is now 20% faster than the table says
+        kept["tables"][0]["one_row_ms"]["1"] *= 1.2
     if change == "age":
         kept["tables"][0]["measured_at"] -= store.max_age_s + 1
     path.write_text(json.dumps(kept))
@@ -96,7 +96,7 @@ def test_a_table_that_no_longer_holds_is_measured_again(tmp_path, pair, change):
         store = store_at(tmp_path, threads=1)
     _, context, how, _ = costs_of(store, pair, {1, 2, 64}, after=after)
     assert how["tables"] == "measured" and context == len(after)
-    assert ("differs from the kept table's by more than 8%" in how["because"]) == (change == "drift")
+    assert ("differs from the kept table's by more than 15%" in how["because"]) == (change == "drift")
 
 
 def test_run_bound_with_a_store_reuses_both_models_tables_and_bounds_alike(tmp_path, pair):
