@@ -38,6 +38,7 @@ def test_vllm_speculative_is_identical_to_its_greedy_and_counts_match_the_tokens
     summary = json.loads(next(records.rglob("speculative-*.summary.json")).read_text())
     assert summary["identical"] == 3 and summary["batch_size"] == 2 and summary["throughput_speedup"] > 0
     assert "identical to greedy" in proc.stdout
+    assert "starting the baseline engine" in proc.stderr and "starting the method engine" in proc.stderr
 
 
 def test_vllm_greedy_equals_our_own_greedy_on_the_same_pair(tiny_vllm_run, tmp_path):
@@ -53,6 +54,7 @@ def test_vllm_rerun_resumes_without_starting_over(tiny_vllm_run):
     before = len(records_of(records, "speculative"))
     proc = run_cli(*TINY, "method=speculative", "runner.batch_size=2", records_dir=records, expect_s=600)
     assert "resuming, 3 record(s) kept, 0 to run" in proc.stderr
+    assert "starting the" not in proc.stderr, "nothing left to run: no engine starts"
     assert len(records_of(records, "speculative")) == before
 
 

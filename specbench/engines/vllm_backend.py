@@ -97,6 +97,19 @@ class VllmBackend:
         )
 
 
+class OnFirstUse:
+    """A VllmSession started when first used (the warm-up, a generation, the lossless check): a re-run whose
+    records are all kept starts no engine (two engines take minutes to start on a CPU)."""
+
+    def __init__(self, start):
+        self._start, self._session = start, None
+
+    def __getattr__(self, name):
+        if self._session is None:
+            self._session = self._start()
+        return getattr(self._session, name)
+
+
 def measure(engine, cfg: DictConfig, spec) -> dict:
     """One benchmark on vLLM: locate the pair's files, start the engine(s), run the rounds, summarise."""
     from ..components import check_resolution, run_inputs
@@ -120,17 +133,22 @@ def measure(engine, cfg: DictConfig, spec) -> dict:
     codec = PromptCodec.load(files, model)
     method_cfg = OmegaConf.to_container(cfg.method, resolve=True)
     is_baseline = base_spec.key == spec.key
-    print(f"[specbench] engine vllm {engine.version} on {device}: starting the "
-          f"{'baseline' if is_baseline else 'baseline and method'} engine(s); threads {threads}, batch size "
-          f"{cfg.runner.batch_size}", file=sys.stderr)
     speculative = None if is_baseline else speculative_config(method_cfg, files)
     if device == "cpu":  # before any engine starts: the weights too, now that the files are known
         engine.check_weights_memory(files, drafts=bool(speculative) and speculative.get("model") == files.draft,
                                     engines=1 if is_baseline else 2)
-    base = VllmSession(engine.start(files, None, threads), codec.eos_ids)
+
+    def starter(role: str, config: dict | None):
+        def start() -> VllmSession:
+            print(f"[specbench] engine vllm {engine.version} on {device}: starting the {role} engine; threads "
+                  f"{threads}, batch size {cfg.runner.batch_size}", file=sys.stderr)
+            return VllmSession(engine.start(files, config, threads), codec.eos_ids)
+        return start
+
+    base = OnFirstUse(starter("baseline", None))
     sessions = [Entry(base, base_spec)]
     if not is_baseline:
-        sessions.append(Entry(VllmSession(engine.start(files, speculative, threads), codec.eos_ids), spec))
+        sessions.append(Entry(OnFirstUse(starter("method", speculative)), spec))
     env = {**environment(torch.device(device)), "threads": threads, "engine": f"vllm {engine.version}",
            "precision": precision.as_record(),
            "model_info": {"target": files.target, "draft": files.draft}}
