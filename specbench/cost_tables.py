@@ -28,7 +28,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .costs import ForwardCosts, measure_forward_costs, time_blocks, as_lm
+from .costs import ForwardCosts, as_lm, cyclic, measure_forward_costs, time_blocks
 from .records import write_json
 
 
@@ -66,9 +66,8 @@ class CostTableStore:
                                 {int(r): v for r, v in table["rows_ms"].items()})
             missing = sorted(k for k in sizes if k not in kept.ms)
             checks = sorted({1, max(sizes)} & set(kept.ms))
-            prefix = (after * (table["context"] // max(len(after), 1) + 1))[:table["context"]]
-            timed = time_blocks(as_lm(model), prefix, [(k, 1) for k in sorted(set(checks) | set(missing))],
-                                max(repeats, self.check_repeats))
+            blocks = [(k, 1) for k in sorted(set(checks) | set(missing))]
+            timed = time_blocks(as_lm(model), cyclic(after, table["context"]), blocks, max(repeats, self.check_repeats))
             drifts = {k: round(timed[(k, 1)] / kept.ms[k] - 1, 4) for k in checks}
             if all(abs(d) <= self.drift for d in drifts.values()):
                 kept.ms.update({k: timed[(k, 1)] for k in missing})

@@ -47,6 +47,12 @@ def time_blocks(lm, prompt: list[int], blocks: list[tuple[int, int]], repeats: i
     return {b: 1000 * statistics.median(t[1:]) for b, t in times.items()}
 
 
+def cyclic(tokens: list[int], n: int) -> list[int]:
+    """``tokens`` repeated to ``n`` tokens: a context to time forwards after (a forward's cost depends on how many
+    tokens it attends to, not on which)."""
+    return (tokens * (n // max(len(tokens), 1) + 1))[:n]
+
+
 def as_lm(model):
     """model: a transformers model (eager forwards), or a CachedLM of the execution mode to measure (``pair.lm``:
     static-cache forwards padded to buckets, CUDA graphs, llama.cpp)."""
@@ -300,8 +306,7 @@ def run_bound(pair, records: list, baseline: list, prompt: list[int], repeats: i
         near, done = {"target": target}, {"target": how}
         if fed["draft"] and (draft is not None or pair.draft is not None):
             drafter = draft if draft is not None else pair.lm("draft")
-            cyclic = (after * (context // len(after) + 1))[:context]
-            near["draft"], _, done["draft"] = measured("draft", drafter, cyclic, fed["draft"] | ANCHORS)
+            near["draft"], _, done["draft"] = measured("draft", drafter, cyclic(after, context), fed["draft"] | ANCHORS)
         return {**{key: value for role, costs in near.items() for key, value in
                    ((f"{role}_ms", costs.ms), (f"{role}_row_ms", costs.row_ms), (f"{role}_rows_ms", costs.rows_ms))},
                 "prompt_tokens": context, "cost_tables": done}
@@ -311,8 +316,8 @@ def run_bound(pair, records: list, baseline: list, prompt: list[int], repeats: i
         probe = measure_forward_costs(head, prompt, fed["head"] | {1}, repeats=repeats)
         result.update(head_ms=probe.ms, head_row_ms=probe.row_ms, head_rows_ms=probe.rows_ms)
     far = long_context(records + base, len(prompt))
-    if far is not None:  # a cyclic copy of the prompt: a forward's cost depends on how much it attends to, not on what
-        result["long_context"] = tables((prompt * (far // len(prompt) + 1))[:far])
+    if far is not None:
+        result["long_context"] = tables(cyclic(prompt, far))
     costs = [stored_costs(result, role) for role in ROLES]
     limit = bound(records, base, *costs)
     if limit is None:
