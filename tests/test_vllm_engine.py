@@ -66,31 +66,27 @@ def test_vllm_ngram_and_sampling_run(tmp_path):
     assert "lossless" not in ours[0] and "speedup" in proc.stdout
 
 
-def embedded_engines_need_gib() -> float:
-    """Memory two vLLM engines on the embedded pair need here (greedy: the target; speculative: target and draft),
-    each with its KV cache, plus one more copy of the target while it loads: the converted checkpoint's bytes in
-    the dtype ``model.dtype: auto`` resolves to (fp32 on a CPU without native bf16: ~26 GiB; bf16: ~15 GiB)."""
+@pytest.mark.slow
+def test_vllm_draft_model_on_the_embedded_pair(tmp_path):
+    """Skipped where the engine's own memory check (check_weights_memory: the target per engine and once more while
+    one loads, the draft, the KV caches, in the dtype ``model.dtype: auto`` resolves to) would refuse the run: fp32 on
+    a CPU without native bf16 needs ~26 GiB."""
     from omegaconf import OmegaConf
 
-    from specbench.engines.vllm import GIB
+    from specbench.engines.vllm import VllmEngine
+    from specbench.engines.vllm_methods import ModelFiles
+    from specbench.errors import ConfigError
     from specbench.models.embedded import DRAFT, TARGET, cache_root, converted_dir
     from specbench.models.precision import resolve_precision
 
     dtype = resolve_precision("auto", "cpu").dtype
-    size = {spec.role: sum(p.stat().st_size for p in converted_dir(spec, dtype, cache_root()).glob("*.safetensors"))
-            for spec in (TARGET, DRAFT)}
+    target, draft = (str(converted_dir(spec, dtype, cache_root())) for spec in (TARGET, DRAFT))
     kv = OmegaConf.load(Path(__file__).resolve().parents[1] / "conf" / "engine" / "vllm.yaml").kv_cache_space_gib
-    return (3 * size["target"] + size["draft"]) / GIB + 2 * kv
-
-
-@pytest.mark.slow
-def test_vllm_draft_model_on_the_embedded_pair(tmp_path):
-    from specbench.engines.vllm import GIB, available_memory
-
-    need, free = embedded_engines_need_gib(), available_memory() / GIB
-    if free < need:
-        pytest.skip(f"two vLLM engines on the embedded pair need ~{need:.0f} GiB here (its checkpoint in the dtype "
-                    f"this CPU resolves to), MemAvailable is {free:.0f} GiB")
+    try:
+        VllmEngine(kv_cache_space_gib=kv).check_weights_memory(ModelFiles(target, draft, target, dtype), drafts=True,
+                                                               engines=2)
+    except ConfigError as exc:
+        pytest.skip(str(exc))
     proc = run_cli("engine=vllm", "model=embedded", "method=speculative", "data=humaneval", "data.limit=2",
                    "data.max_new_tokens=48", "runner.strict_lossless=false", records_dir=tmp_path / "records",
                    expect_s=1200)
