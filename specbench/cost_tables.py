@@ -7,8 +7,12 @@ host, library versions). ``CostTableStore.costs`` reuses a stored table when
 - it is younger than ``max_age_s`` and was measured after a context up to ``context_slack`` tokens shorter than the
   one asked for (a forward's cost changes by ~1% per 100 cached tokens on the embedded pair; never longer: the
   table's blocks must fit where the run's did), and
-- the machine still agrees with it: T(1) and T of the largest size asked for are timed again now (with any sizes
-  the table lacks, interleaved in the same passes) and each is within ``drift`` (15%) of the stored value. Why 15%:
+- the machine still agrees with it: T(1) and T of the largest block the run's records fed (``check``: the sizes
+  that carry the bound; the anchors 32 and 64 only extrapolate prefills, which both sides of its ratio have) are
+  timed again now (with any sizes the table lacks, interleaved in the same passes) and each is within ``drift``
+  (15%) of the stored value. Why not the anchors: on the shared Zen 3 T(64) of llama.cpp's Q4 target moved ~21%
+  between the jobs of one sweep while T(1) and T(5) stayed within 10%, so checking it re-measured every table and
+  the bound cost a third of each job. Why 15%:
   on a shared 2-core Zen 3 (llama.cpp Q4, the embedded target) T(1) of tables measured a few minutes apart, one
   after each job of a sweep, differed by +18% and -15%; a table measured afresh is then no closer to the
   conditions the run's forwards ran in than a kept one within that (the bound's forwards factor shows how far the
@@ -52,9 +56,11 @@ class CostTableStore:
         except (OSError, ValueError, KeyError):
             return []
 
-    def costs(self, role: str, model, after: list[int], sizes: set[int], repeats: int = 3
-              ) -> tuple[ForwardCosts, int, dict]:
-        """(table, the context it was measured after, what was done) for ``role``'s model after ``after``."""
+    def costs(self, role: str, model, after: list[int], sizes: set[int], repeats: int = 3,
+              check: set[int] | None = None) -> tuple[ForwardCosts, int, dict]:
+        """(table, the context it was measured after, what was done) for ``role``'s model after ``after``: a table
+        of ``sizes``; ``check``: the sizes whose re-timing decides whether a kept table still holds (default T(1)
+        and the largest of ``sizes``)."""
         stored = self.load(role)
         now = time.time()
         near = [t for t in stored if 0 <= len(after) - t["context"] <= self.context_slack  # never longer: capacity
@@ -65,7 +71,7 @@ class CostTableStore:
             kept = ForwardCosts({int(k): v for k, v in table["one_row_ms"].items()}, table["row_ms"],
                                 {int(r): v for r, v in table["rows_ms"].items()})
             missing = sorted(k for k in sizes if k not in kept.ms)
-            checks = sorted({1, max(sizes)} & set(kept.ms))
+            checks = sorted((check or {1, max(sizes)}) & set(kept.ms))
             blocks = [(k, 1) for k in sorted(set(checks) | set(missing))]
             timed = time_blocks(as_lm(model), cyclic(after, table["context"]), blocks, max(repeats, self.check_repeats))
             drifts = {k: round(timed[(k, 1)] / kept.ms[k] - 1, 4) for k in checks}

@@ -292,11 +292,17 @@ def run_bound(pair, records: list, baseline: list, prompt: list[int], repeats: i
                   if k <= MEASURED_UP_TO} for role in ROLES}
     if not base or not fed["target"]:
         return None
+    # the largest block each model fed after a turn's prefill (a verify or draft block): with T(1), what a kept
+    # table is checked on (cost_tables.CostTableStore)
+    decoded = {role: max((k for r in records + base for turn in r.turn_list
+                          for k in turn.forward_sizes.get(role, [])[1:] if k <= MEASURED_UP_TO), default=1)
+               for role in ROLES}
 
     def measured(role: str, model, after: list[int], sizes: set[int]) -> tuple[ForwardCosts, int, dict]:
         if store is None or (role == "draft" and draft is not None):  # a self-draft is this run's own
             return measure_forward_costs(model, after, sizes, repeats=repeats), len(after), {"tables": "measured"}
-        return store.costs(role, model, after, sizes, repeats)
+        # a kept table holds if T(1) and the largest block this run fed still time as it says (cost_tables)
+        return store.costs(role, model, after, sizes, repeats, check={1, decoded[role]})
 
     def tables(after: list[int]) -> dict:
         """T(k) of the target and the draft after ``after`` (or after as many tokens as a kept table was measured

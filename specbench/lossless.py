@@ -93,13 +93,16 @@ def size_of(block_key: str) -> int:
     return int(block_key.rsplit("-", 1)[1])
 
 
-def _rows_by_blocks(lm: CachedLM, prompt: list[int], tokens: list[int], k: int, tree: bool) -> torch.Tensor:
-    lm.forward(prompt, keep_last=1)
+def _rows_by_blocks(lm: CachedLM, prompt_length: int, tokens: list[int], k: int, tree: bool) -> torch.Tensor:
+    """The rows of ``tokens`` fed in blocks of ``k`` after the prompt ``lm`` holds (its first ``prompt_length``
+    entries), the cache cropped back to the prompt after: the prompt's entries are the ones every block mode reads,
+    prefilled once per calibration text."""
     rows = []
     for i in range(0, len(tokens), k):
         block = tokens[i:i + k]
         parents = list(range(-1, len(block) - 1)) if tree else None  # a chain fed through the explicit-mask path
         rows.append(lm.forward(block, keep_last=len(block), parents=parents))
+    lm.crop(prompt_length)
     return torch.cat(rows)
 
 
@@ -111,11 +114,11 @@ def lm_maker(model_or_pair) -> Callable[[], CachedLM]:
     return lambda: CachedLM(model_or_pair)
 
 
-def greedy_steps(model, prompt: list[int], n: int) -> tuple[list[int], torch.Tensor]:
+def greedy_steps(model, prompt: list[int], n: int, lm: CachedLM | None = None) -> tuple[list[int], torch.Tensor]:
     """Greedy's next ``n`` tokens after ``prompt``, fed one at a time, and the logits each one-token step
     returned ([n, vocab]: row i follows token i, as a block forward's row i does). ``model``: a model or a pair
-    (lm_maker)."""
-    lm = lm_maker(model)()
+    (lm_maker); ``lm``: a CachedLM of it to use (left holding the prompt and the n tokens)."""
+    lm = lm or lm_maker(model)()
     logits = lm.forward(prompt, keep_last=1)[-1]
     tokens, rows = [], []
     for _ in range(n):
@@ -140,11 +143,12 @@ def measure_noise(model, prompts: list[list[int]], positions: int = POSITIONS, b
     over positions). ``model``: a model, or a pair (its target in the pair's execution mode: lm_maker)."""
     per_block: dict[str, float] = {}
     pairs: dict[str, list[torch.Tensor]] = {}
-    new_lm = lm_maker(model)
     for prompt in prompts:
-        tokens, steps = greedy_steps(model, prompt, positions)
+        lm = lm_maker(model)()  # one prefill of the prompt per text: the steps and every block mode read it
+        tokens, steps = greedy_steps(model, prompt, positions, lm)
+        lm.crop(len(prompt))
         for mask, k in blocks:
-            rows = _rows_by_blocks(new_lm(), prompt, tokens, k, mask == "tree")
+            rows = _rows_by_blocks(lm, len(prompt), tokens, k, mask == "tree")
             key = f"{mask}-{k}"
             per_block[key] = max(per_block.get(key, 0.0), float((rows - steps).abs().max()))
             pairs.setdefault(key, []).append(pair_disagreements(steps, rows))

@@ -99,6 +99,22 @@ def test_a_table_that_no_longer_holds_is_measured_again(tmp_path, pair, change):
     assert ("differs from the kept table's by more than 15%" in how["because"]) == (change == "drift")
 
 
+@pytest.mark.parametrize("drifted, kept", [("64", True), ("5", False), ("1", False)])
+def test_only_t1_and_the_largest_block_the_run_fed_decide(tmp_path, pair, drifted, kept):
+    """T(64) is an anchor for prefills (both sides of the bound's ratio): on a shared machine it moved ~21% between
+    jobs while T(1) and the verify block held, which re-measured every table. It no longer decides."""
+    store = store_at(tmp_path)
+    costs_of(store, pair, {1, 2, 5, 64})
+    path = store.path("target")
+    table = json.loads(path.read_text())
+    table["tables"][0]["one_row_ms"][drifted] *= 1.3
+    path.write_text(json.dumps(table))
+    _, _, how = store.costs("target", pair.lm("target"), PROMPT, {1, 2, 5, 64}, check={1, 5})
+    assert how["tables"] == ("reused" if kept else "measured"), how
+    if kept:
+        assert set(how["drift"]) == {1, 5}
+
+
 def test_run_bound_with_a_store_reuses_both_models_tables_and_bounds_alike(tmp_path, pair):
     def record(method):
         gen = method.generate(PROMPT, 12, set())
@@ -112,6 +128,8 @@ def test_run_bound_with_a_store_reuses_both_models_tables_and_bounds_alike(tmp_p
     assert {r: d["tables"] for r, d in first["cost_tables"].items()} == {"target": "measured", "draft": "measured"}
     assert {r: d["tables"] for r, d in second["cost_tables"].items()} == {"target": "reused", "draft": "reused"}
     assert second["target_ms"] == first["target_ms"] and second["bound"] == pytest.approx(first["bound"])
+    verify = max(run[0].forward_sizes["target"][1:])  # γ + 1 = 4 (the first forward is the prefill)
+    assert set(second["cost_tables"]["target"]["drift"]) == {1, verify}  # not the prefill anchors 32 and 64
     assert costs.run_bound(pair, run, base, PROMPT, repeats=1)["cost_tables"]["target"]["tables"] == "measured"
 
 
