@@ -115,6 +115,22 @@ def test_only_t1_and_the_largest_block_the_run_fed_decide(tmp_path, pair, drifte
         assert set(how["drift"]) == {1, 5}
 
 
+@pytest.mark.parametrize("factor, kept", [(1.25, True), (0.8, True), (1.5, False)])
+def test_a_table_uniformly_slower_or_faster_bounds_alike_within_30_percent(tmp_path, pair, factor, kept):
+    """The bound is a ratio of sums over one table, so its scale cancels; past 30% in T(1) the machine is not in
+    the state the table was measured in."""
+    store = store_at(tmp_path)
+    costs_of(store, pair, {1, 2, 5, 64})
+    path = store.path("target")
+    table = json.loads(path.read_text())
+    table["tables"][0]["one_row_ms"] = {k: v * factor for k, v in table["tables"][0]["one_row_ms"].items()}
+    path.write_text(json.dumps(table))
+    _, _, how = store.costs("target", pair.lm("target"), PROMPT, {1, 2, 5, 64}, check={1, 5})
+    assert how["tables"] == ("reused" if kept else "measured"), how
+    if not kept:
+        assert "T(1) now differs from the kept table's by more than 30%" in how["because"]
+
+
 def test_run_bound_with_a_store_reuses_both_models_tables_and_bounds_alike(tmp_path, pair):
     def record(method):
         gen = method.generate(PROMPT, 12, set())
