@@ -124,7 +124,10 @@ def cost_table_identity(model: dict, pair, threads: int) -> dict:
     from .environment import cpu_identity, package_versions
     from .models.execution import model_identity
 
-    return {"model": model_identity(model), "backend": pair.backend, "precision": pair.precision.as_record(),
-            "execution": pair.execution.as_record(), "threads": threads, "cpu": cpu_identity(),
+    from .lossless import as_computed
+
+    return {"model": model_identity(model), "backend": pair.backend,
+            "precision": as_computed(pair.precision.as_record()), "execution": as_computed(pair.execution.as_record()),
+            "threads": threads, "cpu": cpu_identity(),
             "host": platform.node(), "versions": package_versions(),
-            "build": pair.info.get("backend") if pair.backend == "llamacpp" else None}
+            "build": as_computed(pair.info.get("backend")) if pair.backend == "llamacpp" else None}

@@ -171,12 +171,26 @@ def fingerprint(model) -> str:
     return digest.hexdigest()[:16]
 
 
+CHOICE_KEYS = frozenset({"requested", "reason", "warning"})  # how a setting was chosen, not what it computes
+
+
+def as_computed(record):
+    """A record of how a pair computes (its info, precision, execution) less how each setting was chosen
+    (``requested``, ``reason``, ``warning``): ``model.backend=auto`` resolved to llama.cpp and an explicit
+    ``llamacpp`` compute alike, so they share one noise calibration and one cost table (before, the CLI's auto and a
+    test's explicit load of the same GGUF pair at the same threads calibrated twice)."""
+    if not isinstance(record, dict):
+        return record
+    return {key: as_computed(value) for key, value in record.items() if key not in CHOICE_KEYS}
+
+
 def noise_cache_path(pair, threads: int) -> Path:
     from .models.files import cache_root
 
     # the profile is the target's alone: what the pair says of its draft (loaded or not) must not split the cache
-    identity = {"pair": pair.name, "info": pair.target_info, "precision": pair.precision.as_record(),
-                **({"execution": pair.execution.as_record()} if pair.execution.static else {}),
+    identity = {"pair": pair.name, "info": as_computed(pair.target_info),
+                "precision": as_computed(pair.precision.as_record()),
+                **({"execution": as_computed(pair.execution.as_record())} if pair.execution.static else {}),
                 "threads": threads, "torch": torch.__version__, "device": str(pair.device),
                 "device_name": device_name(pair.device), "weights": fingerprint(pair.target),
                 "calibration": NOISE_VERSION}

@@ -70,6 +70,20 @@ def test_the_noise_cache_is_the_targets_whether_or_not_the_draft_loaded():
     assert noise_cache_path(with_draft, 2) != noise_cache_path(build_tiny_pair(seed=1), 2)  # another target
 
 
+def test_the_noise_cache_names_how_the_target_computes_not_how_its_settings_were_chosen():
+    """model.backend=auto resolved to llama.cpp and an explicit llamacpp computed alike but calibrated twice."""
+    import dataclasses
+
+    pair = build_tiny_pair()
+    pair.info = {**pair.info, "backend": {"name": "llamacpp", "requested": "llamacpp", "reason": "set explicitly"}}
+    before = noise_cache_path(pair, 2)
+    pair.precision = dataclasses.replace(pair.precision, requested="float32", reason="set explicitly")
+    pair.info = {**pair.info, "backend": {"name": "llamacpp", "requested": "auto", "reason": "llama-cpp installed"}}
+    assert noise_cache_path(pair, 2) == before
+    pair.precision = dataclasses.replace(pair.precision, linear_kernel="another")
+    assert noise_cache_path(pair, 2) != before
+
+
 def test_noise_profile_is_measured_small_and_nonnegative(tiny_llama):
     profile = measure_noise(tiny_llama.target, [[5, 6, 7, 8], [40, 41]], positions=8,
                             blocks=(("causal", 2), ("tree", 2), ("causal", 4)))
