@@ -241,6 +241,10 @@ def test_prompt_lookup_is_ngram(installed):
     config = speculative_config(method("method=prompt_lookup", "method.max_ngram_size=4", "method.min_ngram_size=2",
                                        "method.num_pred_tokens=7"), FILES)
     assert config == {"method": "ngram", "num_speculative_tokens": 7, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
+    # vLLM's proposer is the earliest occurrence of the longest n-gram: the other rules are not what it runs
+    for other in ("recent", "earliest_whole"):
+        with pytest.raises(ConfigError, match=r"^method\.occurrence: vLLM's ngram proposer takes the earliest"):
+            speculative_config(method("method=prompt_lookup", f"method.occurrence={other}"), FILES)
 
 
 def test_suffix_is_vllms_suffix_decoding_with_the_same_trees(installed):

@@ -1,15 +1,17 @@
 """Prompt lookup decoding: the n-gram matcher on hand-built sequences (which occurrence, n fallback, EOS and room
-cuts, no match), the incremental index against a brute-force scan, and output identical to greedy."""
+cuts, no match), the incremental index against a brute-force scan, ``occurrence=earliest`` against transformers'
+own PromptLookupCandidateGenerator, ``earliest_whole`` against Spec-Bench's rule, and output identical to greedy."""
 import time
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+import torch
 
 from specbench.decoding.proposal import StepContext
 from specbench.decoding.sampling import Sampler
 from specbench.errors import ConfigError
-from specbench.methods.prompt_lookup import NGramIndex, PromptLookup, PromptLookupProposer, lookup
+from specbench.methods.prompt_lookup import OCCURRENCES, NGramIndex, PromptLookup, PromptLookupProposer, lookup
 
 from .test_counters import check_counters
 from .test_equivalence import greedy_reference, pair_for
@@ -18,7 +20,7 @@ EOS = 99
 
 
 def propose(tokens, max_n=3, num_pred=10, min_n=1, room=100, eos=(EOS,)):
-    proposer = PromptLookupProposer(min_n, max_n, num_pred)
+    proposer = PromptLookupProposer(min_n, max_n, num_pred, "recent")  # the hand-built cases are recent's
     proposal = proposer.propose(StepContext(list(tokens), 0, room, set(eos), Sampler()))
     assert proposal.is_chain and proposal.probs is None  # point masses
     return proposal.tokens, proposer.match_ngram[-1]
@@ -110,9 +112,68 @@ def test_the_incremental_index_finds_what_a_full_scan_finds(tokens, sizes, want,
         assert lookup(index, seq, want, {5}) == brute_force(seq, min_n, max_n, want, {5})
 
 
+def indexed(tokens, max_n, min_n=1):
+    index = NGramIndex(min_n, max_n)
+    index.extend(tokens, len(tokens) - 1)
+    return index
+
+
+@settings(max_examples=400, deadline=None)
+@given(tokens=st.lists(st.integers(0, 5), min_size=1, max_size=50), max_n=st.integers(1, 4),
+       want=st.integers(1, 8), eos=st.sampled_from([None, 5]))
+def test_earliest_proposes_what_transformers_prompt_lookup_proposes(tokens, max_n, want, eos):
+    """The reference: transformers' PromptLookupCandidateGenerator (what ``prompt_lookup_num_tokens`` runs), on the
+    same history, n-gram sizes (max down to 1), length and EOS."""
+    from transformers.generation.candidate_generator import PromptLookupCandidateGenerator
+
+    reference = PromptLookupCandidateGenerator(eos_token_id=None if eos is None else torch.tensor([eos]),
+                                               num_output_tokens=want, max_matching_ngram_size=max_n,
+                                               max_length=10 ** 6)
+    candidates, _ = reference.get_candidates(torch.tensor([tokens]))
+    theirs = candidates[0, len(tokens):].tolist()
+    ours = lookup(indexed(tokens, max_n), tokens, want, set() if eos is None else {eos}, "earliest")[1]
+    assert ours == theirs
+
+
+def spec_bench_rule(tokens, max_n, num_pred):
+    """Spec-Bench's PLD as its code reads, written out here: for n from max_n down to 1, the earliest window equal
+    to the last n tokens whose continuation [i + n, i + n + num_pred) lies inside the sequence and starts before
+    the last n-gram does; else nothing."""
+    length = len(tokens)
+    for n in range(min(max_n, length), 0, -1):
+        for i in range(length - n + 1):
+            start = i + n
+            if tokens[i:i + n] == tokens[length - n:] and start + num_pred <= length and start < length - n:
+                return tokens[start:start + num_pred]
+    return []
+
+
+@settings(max_examples=400, deadline=None)
+@given(tokens=st.lists(st.integers(0, 4), min_size=1, max_size=50), max_n=st.integers(1, 4),
+       num_pred=st.integers(1, 8))
+def test_earliest_whole_is_spec_benchs_rule(tokens, max_n, num_pred):
+    assert lookup(indexed(tokens, max_n), tokens, num_pred, set(), "earliest_whole")[1] == \
+        spec_bench_rule(tokens, max_n, num_pred)
+
+
+def test_the_three_occurrences_on_one_history():
+    #         0  1  2  3  4  5  6  7  8  9 10 11
+    tokens = [7, 1, 2, 3, 1, 4, 1, 2, 8, 9, 0, 1]
+    index = indexed(tokens, 2)  # the last 2-gram (0, 1) occurs nowhere before; 1 at 1, 4, 6
+    assert lookup(index, tokens, 3, set(), "recent") == (1, [2, 8, 9])    # the newest followed by 3 tokens
+    assert lookup(index, tokens, 3, set(), "earliest") == (1, [2, 3, 1])  # the first
+    assert lookup(index, tokens, 3, set(), "earliest_whole") == (1, [2, 3, 1])
+    # 6 wanted: the earliest 1 (at 1) is followed by 10 tokens, so whole; 11 wanted: no 1 is
+    assert lookup(index, tokens, 6, set(), "earliest_whole", whole=6) == (1, [2, 3, 1, 4, 1, 2])
+    assert lookup(index, tokens, 3, set(), "earliest_whole", whole=11)[1] == []  # none followed by 11
+    assert lookup(index, tokens, 3, {3}, "earliest") == (1, [2])  # cut before EOS
+    assert lookup(index, tokens, 3, {2}, "earliest") == (0, [])   # the cut empties it: nothing (as transformers)
+    assert lookup(index, tokens, 3, {2}, "recent") == (0, [])     # its pick (at 6) starts with 2; no n < 1
+
+
 def test_a_long_prompt_is_indexed_once_not_scanned_per_step():
     prompt = [(i * 7919) % 5000 for i in range(20000)]
-    proposer = PromptLookupProposer(1, 3, 10)
+    proposer = PromptLookupProposer(1, 3, 10, "earliest")
     tokens = list(prompt)
     seconds = []  # the first step (indexes the prompt), then the other 499 together
     start = time.perf_counter()
@@ -138,6 +199,7 @@ cases = st.fixed_dictionaries({
     "num_pred_tokens": st.integers(1, 8),
     "max_new_tokens": st.integers(1, 40),
     "eos_pick": st.one_of(st.none(), st.integers(0, 39)),
+    "occurrence": st.sampled_from(OCCURRENCES),
 })
 
 
@@ -149,7 +211,7 @@ def test_prompt_lookup_equals_greedy(case):
     ref, eos = greedy_reference(pair, prompt, case["max_new_tokens"], case["eos_pick"])
     min_n = min(case["min_ngram_size"], case["max_ngram_size"])
     method = PromptLookup(pair, max_ngram_size=case["max_ngram_size"], min_ngram_size=min_n,
-                          num_pred_tokens=case["num_pred_tokens"])
+                          num_pred_tokens=case["num_pred_tokens"], occurrence=case["occurrence"])
     gen = method.generate(prompt, case["max_new_tokens"], eos)
     assert gen.tokens == ref.tokens
     check_counters(gen, "prompt_lookup")
@@ -158,12 +220,13 @@ def test_prompt_lookup_equals_greedy(case):
     assert gen.extra["steps"] == len(gen.accept_lengths) == len(gen.extra["match_ngram"])
 
 
-def test_prompt_lookup_accepts_lookups_the_target_agrees_with():
+@pytest.mark.parametrize("occurrence", OCCURRENCES)
+def test_prompt_lookup_accepts_lookups_the_target_agrees_with(occurrence):
     """A case (fixed weights) where a lookup is accepted: a step emits 2 tokens for one target forward."""
     pair = pair_for("llama", 0.05)
-    prompt = [5, 6, 7, 8, 9, 5, 6, 7]
+    prompt = [5, 6, 7, 5, 6, 7, 5, 6]
     ref, _ = greedy_reference(pair, prompt, 60, None)
-    gen = PromptLookup(pair).generate(prompt, 60, set())
+    gen = PromptLookup(pair, occurrence=occurrence).generate(prompt, 60, set())
     assert gen.tokens == ref.tokens
     assert gen.accepted >= 1 and gen.target_forwards < 60
     assert gen.extra["steps_with_match"] >= gen.accepted
@@ -185,6 +248,7 @@ def test_prompt_lookup_samples_above_temperature_zero():
     ({"min_ngram_size": 4, "max_ngram_size": 3}, "method.min_ngram_size: must be <= method.max_ngram_size (3)"),
     ({"num_pred_tokens": 0}, "method.num_pred_tokens: must be a positive integer"),
     ({"num_pred_tokens": True}, "method.num_pred_tokens: must be a positive integer"),
+    ({"occurrence": "latest"}, "method.occurrence: must be one of recent, earliest, earliest_whole"),
 ])
 def test_prompt_lookup_rejects_bad_settings(settings_, message):
     with pytest.raises(ConfigError) as caught:

@@ -43,6 +43,9 @@ AUTO_IS_OURS = ("auto is chosen by our own loops from their measured costs (engi
 
 def ngram(method: dict, files: ModelFiles) -> dict:
     require(method.get("num_pred_tokens", 10) != "auto", "method.num_pred_tokens", AUTO_IS_OURS)
+    require(method.get("occurrence", "earliest") == "earliest", "method.occurrence",
+            "vLLM's ngram proposer takes the earliest occurrence of the longest n-gram: method.occurrence=earliest "
+            f"(got {method.get('occurrence')!r}; recent and earliest_whole run on engine=hf)")
     return {"method": "ngram", "num_speculative_tokens": method.get("num_pred_tokens", 10),
             "prompt_lookup_max": method.get("max_ngram_size", 3), "prompt_lookup_min": method.get("min_ngram_size", 1)}
 

@@ -6,12 +6,25 @@ Each step the proposer takes the last n committed tokens, for n from ``max_ngram
 budget leaves. The first n whose continuation is not empty wins; no match proposes nothing (the step is then
 a plain greedy step of the target). The target verifies the chain in one forward (decoding/loop.py).
 
-Which occurrence: the most recent one whose continuation is as long as wanted (``min(num_pred_tokens,
-room)`` tokens before the end of the sequence), else the oldest one (whose continuation is then the longest
-there is). transformers takes the earliest match; we prefer recency because the nearest copy is the one the
-text is most likely following now (the current version of code being rewritten, the latest turn, the output's
-own repetition), but not at the price of a shorter proposal: in a loop of period p < num_pred_tokens the most
-recent occurrence is followed by only p tokens, while one a few periods back gives the whole continuation.
+Which occurrence (``occurrence``). The default is ``earliest``: the rule of transformers' and vLLM's prompt
+lookup (vLLM's ngram proposer: the longest n, its earliest occurrence, without the EOS cut), so ``engine=vllm`` runs
+the same method; the other two are settings a row names.
+
+- ``recent`` (ours, the default before this knob): the most recent one whose continuation is as long as wanted
+  (``min(num_pred_tokens, room)`` tokens before the end of the sequence), else the oldest one (whose continuation
+  is then the longest there is).
+  The nearest copy is the one the text is most likely following now (the current version of code being
+  rewritten, the latest turn, the output's own repetition), but not at the price of a shorter proposal: in a loop
+  of period p < num_pred_tokens the most recent occurrence is followed by only p tokens, while one a few periods
+  back gives the whole continuation. If the cut before EOS leaves nothing, the next smaller n is tried.
+- ``earliest``: transformers' ``PromptLookupCandidateGenerator`` (``prompt_lookup_num_tokens``): the largest n
+  with any earlier occurrence decides, its earliest occurrence proposes what follows it (up to the sequence's
+  end), cut before EOS; a cut that leaves nothing proposes nothing. Parity: tests/test_prompt_lookup.py.
+- ``earliest_whole``: Spec-Bench's PLD (its ``find_candidate_pred_tokens``, the original prompt-lookup code):
+  the earliest occurrence followed by a whole ``num_pred_tokens`` tokens whose continuation starts before the
+  last n-gram does; none for this n, the next smaller n. Two differences from that code (docs/methods.md):
+  the proposal is cut before EOS (the loop emits nothing past it; Spec-Bench's verifies the rest too), and a step
+  with no match proposes nothing (Spec-Bench's feeds a placeholder token, id 100, which the target may accept).
 
 Cost: an index per n maps each n-gram to the positions it ends at, extended incrementally with the tokens
 committed since the previous step (``max_ngram_size - min_ngram_size + 1`` dictionary inserts per token), so
@@ -67,16 +80,39 @@ class NGramIndex:
         return list(tokens[chosen + 1:chosen + 1 + want])
 
 
-def lookup(index: NGramIndex, tokens: Sequence[int], want: int, eos_ids: set[int]) -> tuple[int, list[int]]:
-    """(n, proposal): the continuation for the largest n whose match leaves a non-empty proposal after the cut
-    before the first EOS; (0, []) if none. ``index`` must hold every n-gram ending before the last token."""
+OCCURRENCES = ("recent", "earliest", "earliest_whole")  # which earlier occurrence proposes (module docstring)
+
+
+def before_eos(continuation: list[int], eos_ids: set[int]) -> list[int]:
+    return continuation[:next((i for i, token in enumerate(continuation) if token in eos_ids), len(continuation))]
+
+
+def lookup(index: NGramIndex, tokens: Sequence[int], want: int, eos_ids: set[int], occurrence: str = "recent",
+           whole: int | None = None) -> tuple[int, list[int]]:
+    """(n, proposal) for the largest n that proposes (``occurrence``: module docstring), at most ``want`` tokens,
+    cut before the first EOS; (0, []) if none. ``whole``: the continuation ``earliest_whole`` asks for
+    (num_pred_tokens; default ``want``). ``index`` must hold every n-gram ending before the last token."""
     if want <= 0:
         return 0, []
+    last = len(tokens) - 1
     for n in reversed(index.sizes):
-        continuation = index.continuation(tokens, n, want)
-        cut = next((i for i, token in enumerate(continuation) if token in eos_ids), len(continuation))
-        if cut > 0:
-            return n, continuation[:cut]
+        if occurrence == "recent":
+            proposal = before_eos(index.continuation(tokens, n, want), eos_ids)
+            if proposal:
+                return n, proposal
+            continue
+        ends = index.ends[n].get(tuple(tokens[len(tokens) - n:])) if len(tokens) >= n else None
+        if not ends:
+            continue
+        if occurrence == "earliest":  # the largest n with an earlier occurrence decides, even if the cut empties it
+            proposal = before_eos(list(tokens[ends[0] + 1:ends[0] + 1 + want]), eos_ids)
+            return (n, proposal) if proposal else (0, [])
+        # earliest_whole: followed by a whole ``whole`` tokens, starting before the last n-gram does
+        need = max(whole or want, n + 1)
+        if ends[0] <= last - need:
+            proposal = before_eos(list(tokens[ends[0] + 1:ends[0] + 1 + want]), eos_ids)
+            if proposal:
+                return n, proposal
     return 0, []
 
 
@@ -85,16 +121,17 @@ class PromptLookupProposer:
 
     draft = None  # no draft model
 
-    def __init__(self, min_ngram_size: int, max_ngram_size: int, num_pred_tokens: int):
+    def __init__(self, min_ngram_size: int, max_ngram_size: int, num_pred_tokens: int, occurrence: str):
         self.index = NGramIndex(min_ngram_size, max_ngram_size)
-        self.num_pred_tokens = num_pred_tokens
+        self.num_pred_tokens, self.occurrence = num_pred_tokens, occurrence
         self.stats = {"steps": 0, "steps_with_match": 0}
         self.match_ngram: list[int] = []
 
     def propose(self, context: StepContext) -> Proposal:
         tokens = context.tokens
         self.index.extend(tokens, len(tokens) - 1)  # committed tokens only grow: index what is new
-        n, proposal = lookup(self.index, tokens, min(self.num_pred_tokens, context.room), context.eos_ids)
+        n, proposal = lookup(self.index, tokens, min(self.num_pred_tokens, context.room), context.eos_ids,
+                             self.occurrence, whole=self.num_pred_tokens)
         self.stats["steps"] += 1
         self.stats["steps_with_match"] += n > 0
         self.match_ngram.append(n)
@@ -110,12 +147,16 @@ class PromptLookupProposer:
 class PromptLookup(ProposerMethod):
     """``method=prompt_lookup``: the target alone, with prompt-lookup proposals. Knobs: ``max_ngram_size``
     (longest n-gram matched), ``min_ngram_size`` (shortest, tried last), ``num_pred_tokens`` (most tokens
-    proposed per step)."""
+    proposed per step), ``occurrence`` (which earlier occurrence proposes: module docstring)."""
 
     def __init__(self, pair, name: str = "prompt_lookup", max_ngram_size: int = 3,
-                 num_pred_tokens: int | Literal["auto"] = 10, min_ngram_size: int = 1, temperature: float = 0.0,
+                 num_pred_tokens: int | Literal["auto"] = 10, min_ngram_size: int = 1,
+                 occurrence: Literal["recent", "earliest", "earliest_whole"] = "earliest", temperature: float = 0.0,
                  top_p: float = 1.0, seed: int = 0):
         super().__init__(pair, name, temperature, top_p, seed)
+        require(occurrence in OCCURRENCES, "method.occurrence", f"must be one of {', '.join(OCCURRENCES)}, "
+                f"got {occurrence!r}")
+        self.occurrence = occurrence
         self.max_ngram_size = positive_int(max_ngram_size, "method.max_ngram_size", "longest n-gram matched")
         self.min_ngram_size = positive_int(min_ngram_size, "method.min_ngram_size", "shortest n-gram matched")
         require(self.min_ngram_size <= self.max_ngram_size, "method.min_ngram_size",
@@ -131,4 +172,4 @@ class PromptLookup(ProposerMethod):
         return {"target": self.num_pred_tokens + 1}
 
     def make_proposer(self, prompt_ids) -> PromptLookupProposer:
-        return PromptLookupProposer(self.min_ngram_size, self.max_ngram_size, self.num_pred_tokens)
+        return PromptLookupProposer(self.min_ngram_size, self.max_ngram_size, self.num_pred_tokens, self.occurrence)
