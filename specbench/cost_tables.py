@@ -7,7 +7,7 @@ host, library versions). ``CostTableStore.costs`` reuses a stored table when
 - it is younger than ``max_age_s`` and was measured after a context up to ``context_slack`` tokens shorter than the
   one asked for (a forward's cost changes by ~1% per 100 cached tokens on the embedded pair; never longer: the
   table's blocks must fit where the run's did), and
-- the machine still agrees with it. T(1) and T(b), b the largest block the run's records fed (``check``), are
+- the machine still agrees with it. T(1) and T(b), b the largest block the run's records fed (``check_size``), are
   timed again now (with any sizes the table lacks, interleaved in the same passes), and
   * the table's shape holds: T(b)/T(1) now is within ``drift`` (15%) of the kept table's. The bound is a ratio of
     sums of one table's T(k) (greedy's over the method's), and the forwards factor of its split a ratio of ratios,
@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .costs import ForwardCosts, as_lm, cyclic, measure_forward_costs, time_blocks
+from .lossless import as_computed
 from .records import write_json
 
 
@@ -63,10 +64,10 @@ class CostTableStore:
             return []
 
     def costs(self, role: str, model, after: list[int], sizes: set[int], repeats: int = 3,
-              check: set[int] | None = None) -> tuple[ForwardCosts, int, dict]:
+              check_size: int | None = None) -> tuple[ForwardCosts, int, dict]:
         """(table, the context it was measured after, what was done) for ``role``'s model after ``after``: a table
-        of ``sizes``; ``check``: sizes the run fed; T(1) and T of the largest of them (or the largest kept size
-        below it) decide whether a kept table still holds (default: the largest of ``sizes``)."""
+        of ``sizes``; T(1) and T(``check_size``), the largest block the run fed (or the largest kept size below
+        it), decide whether a kept table still holds (default: the largest of ``sizes``)."""
         stored = self.load(role)
         now = time.time()
         near = [t for t in stored if 0 <= len(after) - t["context"] <= self.context_slack  # never longer: capacity
@@ -77,7 +78,7 @@ class CostTableStore:
             kept = ForwardCosts({int(k): v for k, v in table["one_row_ms"].items()}, table["row_ms"],
                                 {int(r): v for r, v in table["rows_ms"].items()})
             missing = sorted(k for k in sizes if k not in kept.ms)
-            largest = max(check or sizes)
+            largest = check_size or max(sizes)
             checks = sorted({1, max((k for k in kept.ms if k <= largest), default=1)} & set(kept.ms))
             blocks = [(k, 1) for k in sorted(set(checks) | set(missing))]
             lm, context = as_lm(model), cyclic(after, table["context"])
@@ -123,8 +124,6 @@ def cost_table_identity(model: dict, pair, threads: int) -> dict:
 
     from .environment import cpu_identity, package_versions
     from .models.execution import model_identity
-
-    from .lossless import as_computed
 
     return {"model": model_identity(model), "backend": pair.backend,
             "precision": as_computed(pair.precision.as_record()), "execution": as_computed(pair.execution.as_record()),

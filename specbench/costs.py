@@ -302,7 +302,7 @@ def run_bound(pair, records: list, baseline: list, prompt: list[int], repeats: i
         if store is None or (role == "draft" and draft is not None):  # a self-draft is this run's own
             return measure_forward_costs(model, after, sizes, repeats=repeats), len(after), {"tables": "measured"}
         # a kept table holds if T(1) and the largest block this run fed still time as it says (cost_tables)
-        return store.costs(role, model, after, sizes, repeats, check={1, decoded[role]})
+        return store.costs(role, model, after, sizes, repeats, check_size=decoded[role])
 
     def tables(after: list[int]) -> dict:
         """T(k) of the target and the draft after ``after`` (or after as many tokens as a kept table was measured

@@ -109,7 +109,7 @@ def test_only_t1_and_the_largest_block_the_run_fed_decide(tmp_path, pair, drifte
     table = json.loads(path.read_text())
     table["tables"][0]["one_row_ms"][drifted] *= 1.3
     path.write_text(json.dumps(table))
-    _, _, how = store.costs("target", pair.lm("target"), PROMPT, {1, 2, 5, 64}, check={1, 5})
+    _, _, how = store.costs("target", pair.lm("target"), PROMPT, {1, 2, 5, 64}, check_size=5)
     assert how["tables"] == ("reused" if kept else "measured"), how
     if kept:
         assert set(how["drift"]) == {1, 5}
@@ -125,7 +125,7 @@ def test_a_table_uniformly_slower_or_faster_bounds_alike_within_30_percent(tmp_p
     table = json.loads(path.read_text())
     table["tables"][0]["one_row_ms"] = {k: v * factor for k, v in table["tables"][0]["one_row_ms"].items()}
     path.write_text(json.dumps(table))
-    _, _, how = store.costs("target", pair.lm("target"), PROMPT, {1, 2, 5, 64}, check={1, 5})
+    _, _, how = store.costs("target", pair.lm("target"), PROMPT, {1, 2, 5, 64}, check_size=5)
     assert how["tables"] == ("reused" if kept else "measured"), how
     if not kept:
         assert "T(1) now differs from the kept table's by more than 30%" in how["because"]

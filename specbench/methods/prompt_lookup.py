@@ -3,8 +3,8 @@
 Each step the proposer takes the last n committed tokens, for n from ``max_ngram_size`` down to
 ``min_ngram_size``, and looks for an earlier occurrence of that n-gram in prompt + output so far; the (up to)
 ``num_pred_tokens`` tokens that followed it are the proposal, cut before the first EOS and to the room the
-budget leaves. The first n whose continuation is not empty wins; no match proposes nothing (the step is then
-a plain greedy step of the target). The target verifies the chain in one forward (decoding/loop.py).
+budget leaves. Which n and which occurrence propose is ``occurrence``'s rule (below); no match proposes nothing
+(the step is then a plain greedy step of the target). The target verifies the chain in one forward (decoding/loop.py).
 
 Which occurrence (``occurrence``). The default is ``earliest``: the rule of transformers' and vLLM's prompt
 lookup (vLLM's ngram proposer: the longest n, its earliest occurrence, without the EOS cut), so ``engine=vllm`` runs
@@ -63,12 +63,14 @@ class NGramIndex:
                     self.ends[n].setdefault(tuple(tokens[end + 1 - n:end + 1]), []).append(end)
         self.indexed = max(self.indexed, upto)
 
+    def occurrences(self, tokens: Sequence[int], n: int) -> list[int]:
+        """Where the earlier occurrences of the last n tokens end, ascending; [] if none."""
+        return self.ends[n].get(tuple(tokens[len(tokens) - n:]), []) if len(tokens) >= n else []
+
     def continuation(self, tokens: Sequence[int], n: int, want: int) -> list[int]:
         """The tokens after the chosen earlier occurrence of the last n tokens (at most ``want``; module
         docstring: the most recent occurrence followed by ``want`` tokens, else the oldest); [] if none."""
-        if len(tokens) < n:
-            return []
-        ends = self.ends[n].get(tuple(tokens[len(tokens) - n:]))
+        ends = self.occurrences(tokens, n)
         if not ends:
             return []
         last = len(tokens) - 1
@@ -101,18 +103,15 @@ def lookup(index: NGramIndex, tokens: Sequence[int], want: int, eos_ids: set[int
             if proposal:
                 return n, proposal
             continue
-        ends = index.ends[n].get(tuple(tokens[len(tokens) - n:])) if len(tokens) >= n else None
+        ends = index.occurrences(tokens, n)
         if not ends:
             continue
+        proposal = before_eos(list(tokens[ends[0] + 1:ends[0] + 1 + want]), eos_ids)  # after the earliest
         if occurrence == "earliest":  # the largest n with an earlier occurrence decides, even if the cut empties it
-            proposal = before_eos(list(tokens[ends[0] + 1:ends[0] + 1 + want]), eos_ids)
             return (n, proposal) if proposal else (0, [])
         # earliest_whole: followed by a whole ``whole`` tokens, starting before the last n-gram does
-        need = max(whole or want, n + 1)
-        if ends[0] <= last - need:
-            proposal = before_eos(list(tokens[ends[0] + 1:ends[0] + 1 + want]), eos_ids)
-            if proposal:
-                return n, proposal
+        if ends[0] <= last - max(whole or want, n + 1) and proposal:
+            return n, proposal
     return 0, []
 
 
