@@ -7,6 +7,7 @@ STAMP  := $(VENV)/.installed
 EMBEDDED_STAMP := $(VENV)/.embedded
 VLLM_STAMP := $(VENV)/.vllm
 LLAMA_STAMP := $(VENV)/.llamacpp
+REF_STAMP := $(VENV)/.references
 LLAMA_WHEELS := $(VENV)/wheels
 LLAMA_BUILT := $(LLAMA_WHEELS)/.built
 CONVERTED_STAMP := $(VENV)/.converted
@@ -30,7 +31,7 @@ NEWEST_TESTS := tests/test_swift.py tests/test_cached_lm.py tests/test_static_ex
 extra = $(shell $(PYTHON) -c "import tomllib; print(' '.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['optional-dependencies']['$(1)']))")
 
 .DEFAULT_GOAL := help
-.PHONY: help install install-vllm llamacpp embedded run test test-fast test-newest lock bench disco heads datastore \
+.PHONY: help install install-vllm llamacpp references embedded run test test-fast test-newest lock bench disco heads datastore \
 	report clean
 
 help: ## Show this help
@@ -55,7 +56,7 @@ $(VLLM_STAMP): $(STAMP)
 	$(BIN)/python -c "import vllm"
 	touch $(VLLM_STAMP)
 
-install: $(STAMP) $(VLLM_STAMP) $(LLAMA_STAMP) ## Create .venv: specbench (editable), pinned CPU torch, test tools, vLLM's CPU build (engine=vllm), llama.cpp
+install: $(STAMP) $(VLLM_STAMP) $(LLAMA_STAMP) $(REF_STAMP) ## Create .venv: specbench (editable), pinned CPU torch, test tools, vLLM's CPU build (engine=vllm), llama.cpp, the parity tests' references
 
 install-vllm: $(VLLM_STAMP) ## Add vLLM's CPU build (engine=vllm) to .venv (part of make install)
 
@@ -76,6 +77,18 @@ $(LLAMA_STAMP): $(LLAMA_BUILT) $(STAMP)
 	$(BIN)/python -c "import llama_cpp; print('llama.cpp:', llama_cpp.llama_print_system_info().decode())"
 	touch $(LLAMA_STAMP)
 
+$(REF_STAMP): pyproject.toml $(LOCK) $(STAMP)
+	# arctic-inference is a source package: only its suffix-tree extension (C++, nanobind) is compiled, ~1 min. No
+	# build isolation: an isolated build would fetch a torch of its own (a CUDA one); CMake is pointed at this venv's
+	# Python (its FindPython would take the first python3 on the PATH, which lacks nanobind)
+	$(PIP) $(call extra,reference-build)
+	CMAKE_ARGS="-DPython_EXECUTABLE=$(abspath $(BIN)/python) $$CMAKE_ARGS" CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) \
+		$(PIP) --no-deps --no-build-isolation $(call extra,reference)
+	$(BIN)/python -c "from arctic_inference.suffix_decoding import SuffixDecodingCache"
+	touch $(REF_STAMP)
+
+references: $(REF_STAMP) ## Add the reference implementations the parity tests compare with (part of make install)
+
 llamacpp: $(LLAMA_STAMP) ## Add llama.cpp (llama-cpp-python, compiled here) to .venv: model.backend=llamacpp (part of make install)
 
 $(EMBEDDED_STAMP): $(STAMP)
@@ -94,13 +107,13 @@ run: ## Default benchmark: speculative vs greedy (paired) on 4 GSM8K prompts, em
 	$(MAKE) --no-print-directory -j2 -Oline $(EMBEDDED_STAMP) $(LLAMA_STAMP)
 	$(BIN)/python -m specbench method=speculative data=gsm8k data.limit=4 $(ARGS)
 
-test: $(CONVERTED_STAMP) $(VLLM_STAMP) $(LLAMA_STAMP) ## Lint (ruff), then all tests, including the slow ones on the embedded pair (what CI runs)
+test: $(CONVERTED_STAMP) $(VLLM_STAMP) $(LLAMA_STAMP) $(REF_STAMP) ## Lint (ruff), then all tests, including the slow ones on the embedded pair (what CI runs)
 	$(BIN)/ruff check specbench tests
-	$(BIN)/python -m pytest tests -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder
+	SPECBENCH_REFERENCES=required $(BIN)/python -m pytest tests -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder
 
-test-fast: $(STAMP) $(VLLM_STAMP) $(LLAMA_STAMP) ## Lint (ruff), then the tests on tiny in-process models only (no embedded weights needed)
+test-fast: $(STAMP) $(VLLM_STAMP) $(LLAMA_STAMP) $(REF_STAMP) ## Lint (ruff), then the tests on tiny in-process models only (no embedded weights needed)
 	$(BIN)/ruff check specbench tests
-	$(BIN)/python -m pytest tests -m "not slow" -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder
+	SPECBENCH_REFERENCES=required $(BIN)/python -m pytest tests -m "not slow" -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder
 
 test-newest: $(STAMP) ## The tests that touch transformers' cache API on the newest transformers 5.x (outside the lock, deprecations as errors)
 	# installed beside the venv, not into it (the venv keeps the locked version), and put first on the path

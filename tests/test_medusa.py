@@ -117,6 +117,23 @@ def test_hydra_children_come_from_each_nodes_own_path():
     assert tree.head_forwards == 2  # one batched forward per depth
 
 
+def test_a_static_tree_takes_each_heads_ranks_at_its_depth():
+    """Medusa's sparse tree (method.tree): the node at rank path p + [r] is head len(p)+1's r-th token, whatever
+    the parent (Medusa's heads read h_t alone); a path under an EOS is left out, and the room cuts the depth."""
+    heads = hand_heads("medusa", [[0, 3.0, 2.0, 0, 0, 0], [0, 0, 0, 3.0, 2.5, 0]])  # head 1: 1, 2; head 2: 3, 4
+    template = [[0], [1], [0, 0], [0, 1], [1, 0]]
+    tree = MedusaTree(heads, FakeParts(6, 6), top_k=2, depth=2, max_nodes=5, template=template)
+    proposal = propose(tree, [5])
+    assert list(zip(proposal.tokens, proposal.parents)) == [(1, -1), (2, -1), (3, 0), (4, 0), (3, 1)]
+    assert tree.head_forwards == 2  # one head evaluation per depth
+    assert paths(propose(MedusaTree(heads, FakeParts(6, 6), 2, 2, 5, template), [5], eos={1})) == {(1,), (2,), (2, 3)}
+    assert paths(propose(MedusaTree(heads, FakeParts(6, 6), 2, 2, 5, template), [5], room=1)) == {(1,), (2,)}
+    hydra = hand_heads("hydra", [[0, 3.0, 2.0, 0, 0, 0], [0, 0, 0, 1.0, 0.5, 0]], hydra_shift=5.0)
+    proposal = propose(MedusaTree(hydra, FakeParts(6, 6), 2, 2, 5, template), [5])
+    # Hydra's heads read the path: head 1 after x0 = 5 ranks 5, 1; head 2 after (5) ranks 5, 3, after (1) ranks 1, 3
+    assert paths(proposal) == {(5,), (1,), (5, 5), (5, 3), (1, 1)}
+
+
 # -- on the loop, with random heads --------------------------------------------------------------------------------
 
 cases = st.fixed_dictionaries({
@@ -126,6 +143,7 @@ cases = st.fixed_dictionaries({
     "prompt": st.lists(st.integers(3, 258), min_size=1, max_size=10),
     "top_k": st.integers(1, 4), "depth": st.integers(1, 4), "max_nodes": st.integers(1, 16),
     "max_new_tokens": st.integers(1, 30), "eos_pick": st.one_of(st.none(), st.integers(0, 29)),
+    "tree": st.one_of(st.none(), st.sampled_from([[[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0]], [3, 2, 1, 1]])),
 })
 
 
@@ -139,12 +157,12 @@ def test_medusa_and_hydra_equal_greedy(case, tmp_path_factory):
     ref = Greedy(pair, "greedy").generate(case["prompt"], case["max_new_tokens"], eos)
     directory = random_heads(pair, case["kind"], tmp_path_factory.mktemp("heads"), seed=case["seed"], std=case["std"])
     method = MedusaMethod(pair, case["kind"], kind=case["kind"], head=directory, top_k=case["top_k"],
-                          depth=case["depth"], max_nodes=case["max_nodes"])
+                          depth=case["depth"], max_nodes=case["max_nodes"], tree=case["tree"])
     gen = method.generate(case["prompt"], case["max_new_tokens"], eos)
     assert gen.tokens == ref.tokens
     assert sum(gen.accept_lengths) == len(gen.tokens) and gen.target_forwards == len(gen.accept_lengths)
-    assert all(n <= case["max_nodes"] for n in gen.extra["tree_nodes"])
-    assert all(d <= case["depth"] for d in gen.extra["tree_depth"]) and gen.drafted == sum(gen.extra["tree_nodes"])
+    assert all(n <= method.max_nodes for n in gen.extra["tree_nodes"])
+    assert all(d <= method.depth for d in gen.extra["tree_depth"]) and gen.drafted == sum(gen.extra["tree_nodes"])
 
 
 def test_a_tree_holding_every_token_is_accepted_every_step(tmp_path):
@@ -215,8 +233,10 @@ def test_heads_for_another_target_kind_or_depth_are_refused(tmp_path):
     random_heads(tiny_pair(), "medusa", tmp_path / "m", heads=2)
     with pytest.raises(ConfigError, match=r"^method\.head: .* is a medusa head; method hydra needs a hydra head"):
         MedusaMethod(tiny_pair(), "hydra", kind="hydra", head=str(tmp_path / "m"), depth=2)
-    with pytest.raises(ConfigError, match=r"^method\.depth: 4 but .* has 2 heads \(K\); depth may be 1\.\.2$"):
+    with pytest.raises(ConfigError, match=r"^method\.depth: depth 4 but .* has 2 heads \(K\); depth may be 1\.\.2$"):
         MedusaMethod(tiny_pair(), "medusa", head=str(tmp_path / "m"), depth=4)
+    with pytest.raises(ConfigError, match=r"^method\.tree: depth 3 but .* has 2 heads \(K\)"):
+        MedusaMethod(tiny_pair(), "medusa", head=str(tmp_path / "m"), tree=[2, 1, 1])
     with pytest.raises(ConfigError, match=r"^method\.head: .* is a medusa head, not a feature-level"):
         FeatureHeadMethod(tiny_pair(), "eagle", head=str(tmp_path / "m"))
     save_head(tmp_path / "e", DraftHead(HeadConfig.for_target(tiny_pair().target.config, "eagle")), None, {})

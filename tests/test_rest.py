@@ -102,6 +102,17 @@ def test_many_occurrences_are_sampled_evenly_in_proportion(tmp_path):
     assert found.count([7]) == 30 and found.count([8]) == 10
 
 
+def test_first_retrieves_the_first_occurrences_in_suffix_array_order_as_rest_does(tmp_path):
+    """DraftRetriever's Reader::search takes the first k positions of the suffix-array range: the suffixes sorted by
+    what follows, so the smallest continuations come first, whatever their frequency."""
+    documents = [[1, 2, 8]] * 100 + [[1, 2, 7]] * 300 + [[1, 2, 9]] * 5
+    store = load_store(write_store(tmp_path, documents, byte_tokenizer()))
+    assert store.continuations([1, 2], 2, 1, 1, 40, "first") == (2, [[7]] * 40)
+    size, found = store.continuations([1, 2], 2, 1, 1, 402, "first")
+    assert found == [[7]] * 300 + [[8]] * 100 + [[9]] * 2
+    assert sorted(store.continuations([1, 2], 2, 1, 1, 5000, "first")[1]) == sorted([[d[2]] for d in documents])
+
+
 def test_the_trie_keeps_its_most_frequent_nodes():
     paths = [[1, 2, 3], [1, 2, 4], [1, 2, 3], [5, 6], [1, 7]]
     # counts: 1:4, (1,2):3, (1,2,3):2, 5:1, (1,2,4):1, (5,6):1, (1,7):1
@@ -178,6 +189,7 @@ cases = st.fixed_dictionaries({
     "draft_length": st.integers(1, 8),
     "max_candidates": st.integers(1, 20),
     "max_nodes": st.integers(1, 12),
+    "retrieve": st.sampled_from(["first", "spaced"]),
     "max_new_tokens": st.integers(1, 40),
     "eos_pick": st.one_of(st.none(), st.integers(0, 39)),
 })
@@ -191,7 +203,7 @@ def test_rest_equals_greedy(tiny_store, case):
     ref, eos = greedy_reference(pair, case["prompt"], case["max_new_tokens"], case["eos_pick"])
     method = Rest(pair, datastore=str(tiny_store), max_context=max(case["max_context"], case["min_context"]),
                   min_context=case["min_context"], draft_length=case["draft_length"],
-                  max_candidates=case["max_candidates"], max_nodes=case["max_nodes"])
+                  max_candidates=case["max_candidates"], max_nodes=case["max_nodes"], retrieve=case["retrieve"])
     gen = method.generate(case["prompt"], case["max_new_tokens"], eos)
     assert gen.tokens == ref.tokens
     check_counters(gen, "rest")
@@ -295,6 +307,7 @@ def test_rest_generations_are_distributed_as_the_targets(small_rest, monkeypatch
     ({"draft_length": 0}, "method.draft_length: must be a positive integer"),
     ({"max_candidates": True}, "method.max_candidates: must be a positive integer"),
     ({"max_nodes": -1}, "method.max_nodes: must be a positive integer"),
+    ({"retrieve": "random"}, "method.retrieve: 'random' is not one of ['first', 'spaced']"),
     ({"datastore": ""}, "method.datastore: must name a datastore"),
 ])
 def test_rest_rejects_bad_settings(tiny_store, settings_, message):

@@ -24,6 +24,7 @@ from specbench.methods.feature_head import FeatureHeadMethod
 from specbench.methods.sam_decoding import SamDecoding, SamProposer
 from specbench.methods.sl_policies import HeuristicSL
 from specbench.methods.speculative import SpeculativeDecoding
+from specbench.methods.token_recycling import TokenRecycling
 
 from .distribution_helpers import one_thread  # noqa: F401  (autouse fixture: one torch thread)
 from .distribution_helpers import EOS as SMALL_EOS
@@ -46,8 +47,8 @@ def automaton_of(tokens):
     return sam
 
 
-def propose(tokens, max_draft=10, min_match=1, room=100, eos=(EOS,), static=None, bias=0, fallback=None):
-    proposer = SamProposer(max_draft, min_match, static, bias, fallback)
+def propose(tokens, max_draft=10, min_match=1, room=100, eos=(EOS,), static=None, bias=0, fallback=None, alpha=None):
+    proposer = SamProposer(max_draft, min_match, static, bias, fallback, alpha)
     proposal = proposer.propose(StepContext(list(tokens), 0, room, set(eos), Sampler()))
     return proposal, proposer
 
@@ -135,6 +136,24 @@ def test_the_draft_is_cut_before_an_eos_and_to_the_room():
     assert proposal.tokens == [3, 4, 5]
 
 
+def test_with_alpha_the_draft_grows_with_the_match_as_sam_alone_does():
+    """Spec-Bench's SAM alone (DynSAM.gen_dyn_draft): n = min(n_predicts, 1 + int(m * alpha)) tokens *counting the
+    last committed one*, so min(max_draft, ⌊α·m⌋) drafted; m = 1 -> 4, m = 2 -> 8, capped by max_draft."""
+    history = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14]
+    proposal, proposer = propose(history + [1], alpha=4.0)  # (1) occurs at 0: m = 1
+    assert proposer.match_length == [1] and proposal.tokens == [2, 3, 4, 5]
+    proposal, proposer = propose(history + [1, 2], alpha=4.0)  # m = 2: 8 tokens
+    assert proposer.match_length == [2] and proposal.tokens == [3, 4, 5, 6, 7, 8, 9, 10]
+    proposal, _ = propose(history + [1, 2], alpha=4.0, max_draft=6)  # the cap
+    assert proposal.tokens == [3, 4, 5, 6, 7, 8]
+    proposal, _ = propose(history + [1, 2], alpha=1.5)  # ⌊1.5 · 2⌋ = 3
+    assert proposal.tokens == [3, 4, 5]
+    proposal, _ = propose(history + [99], alpha=4.0)  # no match: nothing (a plain target step)
+    assert proposal.tokens == []
+    proposal, _ = propose(history + [1, 2])  # no alpha: max_draft (10) whatever the match
+    assert len(proposal.tokens) == 10
+
+
 def test_a_match_shorter_than_the_threshold_drafts_nothing_alone():
     proposal, proposer = propose([1, 2, 3, 4, 5, 1, 2], min_match=3)
     assert proposal.tokens == [] and proposer.match_length == [2] and proposer.stats["steps_sam"] == 0
@@ -194,6 +213,7 @@ cases = st.fixed_dictionaries({
     "repeat": st.integers(1, 3),  # repeated prompts give the automaton something to match
     "max_draft": st.integers(1, 8),
     "min_match_length": st.integers(1, 4),
+    "alpha": st.one_of(st.none(), st.sampled_from([0.5, 1.0, 4.0])),
     "gamma": st.one_of(st.none(), st.integers(1, 5)),  # None: SAM alone; else a draft-model fallback with this γ
     "max_new_tokens": st.integers(1, 40),
     "eos_pick": st.one_of(st.none(), st.integers(0, 39)),
@@ -208,7 +228,7 @@ def test_sam_decoding_equals_greedy(case):
     ref, eos = greedy_reference(pair, prompt, case["max_new_tokens"], case["eos_pick"])
     fallback = None if case["gamma"] is None else SpeculativeDecoding(pair, "speculative", gamma=case["gamma"])
     method = SamDecoding(pair, max_draft=case["max_draft"], min_match_length=case["min_match_length"],
-                         fallback=fallback)
+                         fallback=fallback, alpha=case["alpha"])
     gen = method.generate(prompt, case["max_new_tokens"], eos)
     assert gen.tokens == ref.tokens
     check_counters(gen, "sam_decoding")
@@ -232,6 +252,22 @@ def test_sam_decoding_accepts_matches_the_target_agrees_with():
     gen = SamDecoding(pair).generate(prompt, 60, set())
     assert gen.tokens == ref.tokens
     assert gen.accepted >= 5 and gen.target_forwards <= 55 and gen.extra["steps_sam"] >= gen.accepted
+
+
+def test_sam_over_token_recycling_learns_from_every_step_and_equals_greedy():
+    """A Token Recycling fallback learns M from every verify step's top-k rows, the automaton's steps too (its x0
+    read from the step, not from a proposal it did not make): before, its observe met no rows and failed."""
+    pair = pair_for("llama", 0.05)
+    prompt = [136, 34, 10, 50] * 3
+    ref, _ = greedy_reference(pair, prompt, 40, None)
+    fallback = TokenRecycling(pair, tree=[2, 1], matrix_init="empty")
+    gen = SamDecoding(pair, fallback=fallback, min_match_length=3).generate(prompt, 40, set())
+    assert gen.tokens == ref.tokens
+    assert gen.extra["steps_sam"] > 0 and gen.extra["steps_fallback"] > 0
+    # the last step's x0 (whoever drafted) wrote its row: the target's top-2 after it, the emitted token first
+    first_of_last_step = len(prompt) + len(gen.tokens) - gen.accept_lengths[-1]
+    committed = prompt + gen.tokens
+    assert fallback.matrix.candidates(committed[first_of_last_step - 1])[0] == committed[first_of_last_step]
 
 
 # -- above temperature 0 --------------------------------------------------------------------------------------------
@@ -343,6 +379,8 @@ def test_sam_decoding_samples_reproducibly_above_temperature_zero():
     ({"min_match_length": 0}, "method.min_match_length: must be a positive integer"),
     ({"min_match_length": True}, "method.min_match_length: must be a positive integer"),
     ({"corpus_bias": -1}, "method.corpus_bias: must be an integer >= 0"),
+    ({"alpha": 0}, "method.alpha: must be null or a number > 0"),
+    ({"alpha": "adaptive"}, "method.alpha: must be null or a number > 0"),
     ({"corpus": "/nonexistent/corpus.json"}, "method.corpus: no such file"),
     ({"fallback": "speculative"}, "method.fallback: must be null or a method config with a _target_"),
     ({"fallback": {"gamma": 3}}, "method.fallback: must be null or a method config with a _target_"),

@@ -141,15 +141,15 @@ def rows_of(table) -> dict[tuple, dict[str, str]]:
 
 def test_report_splits_runs_by_category_beside_the_leaderboard_and_says_why_cells_are_missing(tmp_path):
     records = tmp_path / "records"
-    sweep = ["method=speculative,ouroboros,prompt_lookup", f"runner.records_dir={records}"]
+    sweep = ["method=speculative_spec_bench,ouroboros,prompt_lookup_spec_bench", f"runner.records_dir={records}"]
     # speculative: summarization 2x faster than greedy in 4 steps of 2.5 tokens (bound 100 ms / 80 ms = 1.25x);
     # qa 1.25x faster, 5 steps of 2 tokens (bound 100 / 100 = 1.0x)
-    write_run(config(records, "method=speculative"),
+    write_run(config(records, "method=speculative_spec_bench"),
               [("241", "summarization", 0.5, 1.0, [1, 3, 3, 3]), ("242", "summarization", 0.25, 0.5, [3, 3, 3, 1]),
                ("321", "qa", 0.8, 1.0, [2, 2, 2, 2, 2]), ("322", "qa", 0.8, 1.0, [2, 2, 2, 2, 2])], 1e6)
     # ouroboros (no leaderboard number): summarization only
     write_run(config(records, "method=ouroboros"), [("241", "summarization", 0.4, 1.0, [2, 3, 3, 2])], 2e6)
-    # prompt_lookup: in the sweep, never run
+    # prompt_lookup_spec_bench (PLD as published): in the sweep, never run
     result = render_experiment("spec_bench", sweep, out=tmp_path / "reports")
     rows = rows_of(result["table"])
     sps = rows[("Summarization", "SpS")]
@@ -187,6 +187,74 @@ def test_report_splits_runs_by_category_beside_the_leaderboard_and_says_why_cell
     assert result["paths"]["speedup_by_category.png"].stat().st_size > 5000
 
 
+def test_a_row_is_set_beside_the_papers_only_when_it_runs_the_published_preset(tmp_path):
+    """A CPU-sized variant (token_recycling_cpu) and the paper's method with other settings (prompt_lookup:
+    transformers' occurrence rule, not Spec-Bench's) get rows of their own, labelled, the paper column saying
+    "different settings"; the paper's rows keep their numbers."""
+    records = tmp_path / "records"
+    sweep = ["method=token_recycling_cpu,prompt_lookup,speculative_spec_bench", f"runner.records_dir={records}"]
+    for method in ("token_recycling_cpu", "prompt_lookup", "speculative_spec_bench"):
+        write_run(config(records, f"method={method}"), [("241", "summarization", 0.5, 1.0, [1, 3, 3, 3])], 1e6)
+    result = render_experiment("spec_bench", sweep, out=tmp_path / "reports")
+    rows = rows_of(result["table"])
+    variant = rows[("Summarization", "Token Recycling (18 nodes)")]
+    assert variant["(ours) speed-up"].startswith("2.00×")
+    assert variant["(paper) speed-up"] == ("different settings (matrix_init, tree; published: "
+                                           "method=token_recycling)")
+    pld = rows[("Summarization", "PLD [occurrence=earliest]")]
+    assert pld["(ours) speed-up"].startswith("2.00×")
+    assert pld["(paper) speed-up"] == "different settings (occurrence; published: method=prompt_lookup_spec_bench)"
+    assert rows[("Summarization", "PLD")]["(ours) speed-up"] == "not in this sweep"
+    assert rows[("Summarization", "PLD")]["(paper) speed-up"] == "2.30×"
+    assert rows[("Summarization", "Token Recycling")]["(ours) speed-up"] == "not in this sweep"
+    assert rows[("Summarization", "SpS")]["(paper) speed-up"] == "1.71×"  # the published preset: beside the paper
+    assert rows[("Summarization", "SpS")]["(ours) speed-up"].startswith("2.00×")
+    assert "paper columns say 'different settings'" in result["markdown"]
+
+
+def test_every_published_preset_is_the_leaderboards_run():
+    """The presets experiment.published_presets names hold the published runs' settings (docs/methods.md cites the
+    reference code for each), and every key is a method row of the leaderboard file."""
+    with hydra_context():
+        spec = compose_config(["+experiment=spec_bench"]).experiment
+        presets = {row: name for row, name in spec.published_presets.items()}
+        assert set(presets) <= {r["method.name"] for r in published_rows()}
+        method = {row: compose_config(["+experiment=spec_bench", f"method={name}"]).method
+                  for row, name in presets.items() if name is not None}
+        variants = {name: compose_config(["+experiment=spec_bench", f"method={name}"]).method
+                    for name in spec.variants}
+    for row, cfg in method.items():
+        assert cfg.name == row, f"{presets[row]} runs as {cfg.name}, not the paper's row {row}"
+    for name, cfg in variants.items():
+        assert cfg.name == name and spec.variants[name] in presets
+    tree = [tuple(p) for p in method["token_recycling"].tree]
+    per_depth = collections.Counter(len(p) for p in tree)
+    assert len(set(tree)) == 80 and [per_depth[d] for d in range(1, 7)] == [8, 21, 25, 15, 8, 3]
+    assert max(max(p) for p in tree) + 1 == 8 and all(p[:-1] in set(tree) for p in tree if len(p) > 1)
+    assert (method["token_recycling"].matrix_init, method["token_recycling"].warm_start) == ("zeros", True)
+    pld = method["prompt_lookup"]
+    assert (pld.max_ngram_size, pld.min_ngram_size, pld.num_pred_tokens, pld.occurrence) == (3, 1, 10,
+                                                                                              "earliest_whole")
+    lookahead = method["lookahead"]
+    assert (lookahead.ngram, lookahead.window, lookahead.guesses, lookahead.pool_capacity) == (5, 7, 7, 7)
+    assert not lookahead.pool_from_prompt and not lookahead.warm_start
+    rest = method["rest"]
+    assert (rest.max_context, rest.min_context, rest.draft_length, rest.max_candidates, rest.retrieve,
+            rest.max_nodes) == (16, 2, 10, 5000, "first", 64)
+    policy = method["speculative"].policy
+    assert (policy.initial, policy.increase, policy.decrease, policy.minimum, policy.persistent) == (5, 2, 1, 1, False)
+    eagle2, eagle1, sam_eagle = method["eagle"], method["eagle1"], method["sam_eagle"]
+    assert (eagle2.top_k, eagle2.depth, eagle2.max_nodes) == (10, 6, 59)  # total_token 60 counts the root
+    assert len(eagle1.tree) == 25 and max(map(len, eagle1.tree)) == 5 and max(max(p) for p in eagle1.tree) == 3
+    assert (sam_eagle.max_draft, sam_eagle.min_match_length, sam_eagle.corpus_bias, sam_eagle.corpus) == (
+        39, 5, 5, None)
+    assert (sam_eagle.fallback.name, sam_eagle.fallback.top_k, sam_eagle.fallback.depth,
+            sam_eagle.fallback.max_nodes) == ("eagle", 8, 6, 62)
+    with hydra_context():  # SAM alone (no leaderboard row): Spec-Bench's code, min(n_predicts 40, 1 + ⌊4·m⌋)
+        sam = compose_config(["+experiment=spec_bench", "method=sam_decoding"]).method
+    assert (sam.max_draft, sam.alpha, sam.min_match_length, sam.corpus) == (39, 4.0, 1, None)
+
+
 def test_another_leaderboard_setting_and_a_bad_one(tmp_path):
     records = [f"runner.records_dir={tmp_path / 'records'}"]
     result = render_experiment("spec_bench", [*records, "experiment.published_where.setting=3090-vicuna-7b"],
@@ -201,7 +269,7 @@ def test_another_leaderboard_setting_and_a_bad_one(tmp_path):
 @pytest.mark.skipif(not SHARED_DATA.is_dir(), reason=f"Spec-Bench question file not found at {SHARED_DATA}")
 def test_tiny_sweep_records_categories_and_the_report_splits_them(tmp_path):
     records = tmp_path / "records"
-    sweep = ["model=tiny_llama", "method=prompt_lookup", "data.per_category=1", "data.max_new_tokens=8",
+    sweep = ["model=tiny_llama", "method=prompt_lookup_spec_bench", "data.per_category=1", "data.max_new_tokens=8",
              "data.categories=[mt_bench,summarization]", f"external_data={SHARED_DATA}",
              f"runner.records_dir={records}"]
     run_cli("-m", "+experiment=spec_bench", *sweep, records_dir=records)

@@ -26,10 +26,11 @@ ALPHA = 1e-3  # false-failure rate of each chi-square test
 EOS = 9
 
 
-def matrix_with(rows: dict[int, list[int]], vocab: int = 12, k: int = 3) -> AdjacencyMatrix:
-    matrix = AdjacencyMatrix(vocab, k)
+def matrix_with(rows: dict[int, list[int]], vocab: int = 12, k: int = 3, init: str = "empty") -> AdjacencyMatrix:
+    matrix = AdjacencyMatrix(vocab, k, init)
     for token, row in rows.items():
         matrix.rows[token] = torch.tensor(row, dtype=torch.int32)
+        matrix.fed[token] = True
     return matrix
 
 
@@ -68,6 +69,18 @@ def test_a_snapshot_is_a_copy_of_the_filled_rows_and_restores_them():
 
 # -- the tree ---------------------------------------------------------------------------------------------------------
 
+def test_a_matrix_from_zeros_is_the_papers_token_zero_until_fed_and_snapshots_only_fed_rows():
+    matrix = AdjacencyMatrix(12, 3, "zeros")
+    assert matrix.candidates(5) == [0, 0, 0] and matrix.filled() == 0 and matrix.snapshot() is None
+    matrix.update([5], [[0, 7, 8]])  # a fed row may hold token 0 itself
+    assert matrix.filled() == 1 and matrix.snapshot().ids.tolist() == [5]
+    state = matrix.snapshot()
+    matrix.clear()
+    assert matrix.candidates(5) == [0, 0, 0] and matrix.filled() == 0
+    matrix.restore(state)
+    assert matrix.candidates(5) == [0, 7, 8] and matrix.filled() == 1
+
+
 def test_the_template_is_filled_breadth_first_by_rank():
     matrix = matrix_with({1: [2, 3, 4], 2: [5, 6, 7], 3: [8, 0, 2], 5: [10, 11, 1]})
     template = [[0], [1], [2], [0, 0], [0, 1], [1, 0], [0, 0, 0], [0, 0, 2]]
@@ -90,6 +103,17 @@ def test_nothing_hangs_under_an_eos_and_depth_stops_at_the_room():
     assert tree_of(expand(matrix, template, 1, 10, set())) == [(EOS, -1), (2, -1), (7, 0), (4, 1), (5, 3)]
     assert tree_of(expand(matrix, template, 1, 2, {EOS})) == [(EOS, -1), (2, -1), (4, 1)]
     assert expand(matrix, template, 1, 0, {EOS}).tokens == []
+
+
+def test_a_static_tree_keeps_every_template_node_as_the_paper_does():
+    """matrix_init=zeros with unique=False (the paper's): a token never fed proposes k copies of token 0, and every
+    template node is fed every step (the verify cost of its 80-node tree), up to the room and EOS."""
+    matrix = matrix_with({1: [2, 2, 3]}, init="zeros")  # 2 and 3 never fed: [0, 0, 0]
+    template = [[0], [1], [2], [0, 0], [0, 1], [1, 0], [0, 0, 0]]
+    proposal = expand(matrix, template, 1, 10, set(), unique=False)
+    assert tree_of(proposal) == [(2, -1), (2, -1), (3, -1), (0, 0), (0, 0), (0, 1), (0, 3)]
+    assert len(expand(matrix, template, 1, 2, set(), unique=False).tokens) == 6  # depth 3 is past the room
+    assert tree_of(expand(matrix, template, 1, 10, set())) == [(2, -1), (3, -1), (0, 0), (0, 2)]  # a trie
 
 
 def test_repeated_candidates_among_siblings_are_merged_and_a_missing_parent_drops_the_subtree():
@@ -144,6 +168,7 @@ cases = st.fixed_dictionaries({
     "repeat": st.integers(1, 3),  # repeated text gives the matrix something to recycle
     "tree": st.sampled_from(range(len(TEMPLATES))),
     "warm_start": st.booleans(),
+    "matrix_init": st.sampled_from(["empty", "zeros"]),
     "max_new_tokens": st.integers(1, 40),
     "eos_pick": st.one_of(st.none(), st.integers(0, 39)),
 })
@@ -155,7 +180,8 @@ def test_token_recycling_equals_greedy(case):
     pair = pair_for(case["arch"], 0.05)
     prompt = case["prompt"] * case["repeat"]
     ref, eos = greedy_reference(pair, prompt, case["max_new_tokens"], case["eos_pick"])
-    method = TokenRecycling(pair, tree=TEMPLATES[case["tree"]], warm_start=case["warm_start"])
+    method = TokenRecycling(pair, tree=TEMPLATES[case["tree"]], warm_start=case["warm_start"],
+                            matrix_init=case["matrix_init"])
     for run in range(2):  # the second generation starts from the matrix the first left (warm) or empty (cold)
         method.reset(run)
         gen = method.generate(prompt, case["max_new_tokens"], eos)
@@ -273,6 +299,7 @@ def test_a_seed_fixes_the_output_from_a_given_matrix():
     ({"tree": [16, 16, 16]}, "method.tree: widths [16, 16, 16] make more than 1024 nodes"),
     ({"tree": [[0], [300]]}, "method.tree: rank 300 needs more candidates per token than the vocabulary"),
     ({"warm_start": "yes"}, "method.warm_start: must be true or false"),
+    ({"matrix_init": "ones"}, "method.matrix_init: 'ones' is not one of ['empty', 'zeros']"),
 ])
 def test_token_recycling_rejects_bad_settings(settings_, message):
     with pytest.raises(ConfigError) as caught:

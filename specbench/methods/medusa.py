@@ -15,9 +15,11 @@ as a FeatureLM), and head k ranks x_{t+k+1}, the token at depth k of the tree hu
 - the ``max_nodes`` best candidates by score form the tree (a child never outscores its parent, so every chosen
   node's ancestors are chosen; ties go to the shallower, earlier node).
 
-Where we differ: Medusa ships a static sparse tree calibrated on held-out accuracies per head; we grow the product
-tree by probability per step (EAGLE-2's beam + rerank, decoding/dynamic_tree.py), with no calibration data. Candidates
-are point masses (the heads' top-K given the context), so verification is greedy-exact at T=0 and exact in
+Medusa ships a static sparse tree calibrated on held-out accuracies per head (mc_sim_7b_63: 63 nodes, 4 heads,
+top-10 each); ``method.tree`` takes such a tree (rank paths: the node at p + [r] is head len(p)+1's r-th token;
+conf/method/medusa_spec_bench.yaml holds mc_sim_7b_63). Without one (the default, sized for a CPU) we grow the
+product tree by probability per step (EAGLE-2's beam + rerank, decoding/dynamic_tree.py), with no calibration data.
+Candidates are point masses (the heads' top-K given the context), so verification is greedy-exact at T=0 and exact in
 distribution above it by tree rejection sampling (Medusa's "typical acceptance" is not lossless and is not done).
 The first step proposes nothing (the prefill gives x0 and h_t). Counters in ``extra``: per step ``tree_nodes``,
 ``tree_depth``; ``head_forwards`` (batched head evaluations: one per depth).
@@ -30,6 +32,7 @@ from ..costs import MEASURED_UP_TO
 from ..decoding.generation import ForwardLog
 from ..decoding.loop import speculative_generate
 from ..decoding.proposal import Proposal, Step, StepContext
+from ..decoding.rank_tree import parse_tree
 from ..errors import ConfigError, positive_int, require
 from ..models.draft_head import TargetParts
 from ..models.head_artifact import head_source
@@ -42,9 +45,14 @@ class MedusaTree:
 
     draft = None  # no draft model: head evaluations are in ``head_log`` (priced by the bound) and ``extra``
 
-    def __init__(self, heads: MedusaHeads, parts: TargetParts, top_k: int, depth: int, max_nodes: int):
+    def __init__(self, heads: MedusaHeads, parts: TargetParts, top_k: int, depth: int, max_nodes: int,
+                 template: list[list[int]] | None = None):
+        """template: Medusa's static sparse tree (rank paths in BFS order, rank_tree.parse_tree); None: the tree grown
+        by probability each step (module docstring)."""
         self.heads, self.parts = heads, parts
         self.top_k, self.depth, self.max_nodes = top_k, min(depth, heads.cfg.heads), max_nodes
+        self.levels = [[tuple(p) for p in template or () if len(p) == d]  # levels[d-1]: the template's depth-d paths
+                       for d in range(1, max(map(len, template or [[]])) + 1)]
         self.dtype = next(heads.parameters()).dtype
         self.feature: torch.Tensor | None = None  # (H,) h_t: the target's feature at the last token it verified
         self.tree_nodes: list[int] = []
@@ -69,7 +77,7 @@ class MedusaTree:
         proposal = Proposal()
         depth_cap = min(self.depth, context.room)
         if self.feature is not None and depth_cap > 0:
-            self._grow(proposal, context, depth_cap)
+            (self._fill if self.levels else self._grow)(proposal, context, depth_cap)
         self.tree_nodes.append(len(proposal.tokens))
         self.tree_depth.append(proposal.depth)
         return proposal
@@ -110,6 +118,35 @@ class MedusaTree:
                 proposal.tokens.append(pool[c][3])
                 proposal.parents.append(node_of[pool[c][2]])
 
+    def _fill(self, proposal: Proposal, context: StepContext, depth_cap: int) -> None:
+        """The static template: the node at rank path p + [r] is the r-th token of head len(p) + 1's distribution
+        (Medusa's heads read h_t alone, so one ranking per head serves every node of its depth; Hydra's read the
+        node's path: one batched forward per depth over the nodes with children). Nothing hangs under an EOS."""
+        hydra = self.heads.cfg.kind == "hydra"
+        h = self.feature[None].to(self.dtype)  # (1, H)
+        node_of: dict[tuple, int] = {(): -1}  # template path -> proposal node (-1: x0)
+        path_of: dict[tuple, list[int]] = {(): [context.tokens[-1]]}  # x0, d_1.. of a node's path (Hydra reads it)
+        for level in self.levels[:depth_cap]:
+            depth = len(level[0])
+            parents = [p for p in dict.fromkeys(q[:-1] for q in level)
+                       if p in node_of and (not p or proposal.tokens[node_of[p]] not in context.eos_ids)]
+            if not parents:
+                break
+            if hydra:
+                logp = self._logp(depth, h.expand(len(parents), -1), [path_of[p] for p in parents])
+            else:
+                logp = self._logp(depth, h).expand(len(parents), -1)
+            width = min(max(q[-1] for q in level) + 1, logp.shape[-1])
+            ranked = dict(zip(parents, logp.topk(width, dim=-1).indices.tolist()))  # parent path -> tokens by rank
+            for path in level:
+                row = ranked.get(path[:-1])
+                if row is None or path[-1] >= len(row):
+                    continue
+                node_of[path] = len(proposal.tokens)
+                path_of[path] = path_of[path[:-1]] + [row[path[-1]]]
+                proposal.tokens.append(row[path[-1]])
+                proposal.parents.append(node_of[path[:-1]])
+
     def observe(self, step: Step) -> None:
         if step.features is None:
             raise RuntimeError("MedusaTree needs the target's features: verify with a decoding.cached_lm.FeatureLM")
@@ -122,20 +159,26 @@ class MedusaTree:
 class MedusaMethod(ProposerMethod):
     """Knobs: ``kind`` medusa | hydra (the heads it needs), ``head`` (a head trained here by name, a directory, or a
     published Medusa head's Hugging Face id), ``top_k`` K (children per expanded node, frontier width), ``depth`` D
-    (heads used per step, at most the head's K), ``max_nodes`` (tree budget)."""
+    (heads used per step, at most the head's K), ``max_nodes`` (tree budget); ``tree``: Medusa's static sparse tree
+    (rank paths, e.g. its mc_sim_7b_63) in place of the grown one, its depth and size replacing ``depth`` and
+    ``max_nodes`` (``top_k`` unused)."""
 
     backends = ("transformers",)
     backend_reason = "its heads read the target's hidden states and lm_head, which llama.cpp does not expose here"
 
     def __init__(self, pair, name: str = "medusa", kind: str = "medusa", head: str | None = None,
                  heads_dir: str | None = None, top_k: int = 4, depth: int = 4, max_nodes: int = 10,
-                 local_files_only: bool = True, temperature: float = 0.0, top_p: float = 1.0, seed: int = 0):
+                 tree: list | None = None, local_files_only: bool = True, temperature: float = 0.0,
+                 top_p: float = 1.0, seed: int = 0):
         super().__init__(pair, name, temperature, top_p, seed)
         require(kind in KINDS, "method.kind", f"must be one of {list(KINDS)}, got {kind!r}")
         self.kind = kind
         self.top_k = positive_int(top_k, "method.top_k", "children per expanded node, K")
         self.depth = positive_int(depth, "method.depth", "heads used per step: the tree's depth D")
         self.max_nodes = positive_int(max_nodes, "method.max_nodes", "most tree nodes per step")
+        self.template = None if tree is None else parse_tree(tree)
+        if self.template is not None:  # the static tree sets the depth (heads used) and the node count
+            self.depth, self.max_nodes = max(map(len, self.template)), len(self.template)
         head = head_source(head, heads_dir, f"needs the {kind} heads to draft with: the name of a head `python -m "
                            f"specbench.training.heads head={kind}` trained, a directory, or a published Medusa head's "
                            "Hugging Face id")
@@ -145,7 +188,8 @@ class MedusaMethod(ProposerMethod):
         self.artifact = load_medusa(head, kind, local_files_only)
         self.artifact.check_target(target.config)
         if self.depth > self.artifact.config.heads:
-            raise ConfigError(f"method.depth: {self.depth} but {self.artifact.source} has {self.artifact.config.heads} "
+            key = "method.tree" if self.template is not None else "method.depth"
+            raise ConfigError(f"{key}: depth {self.depth} but {self.artifact.source} has {self.artifact.config.heads} "
                               f"heads (K); depth may be 1..{self.artifact.config.heads}")
         dtype, kernel = next(target.parameters()).dtype, pair.precision.linear_kernel
         self.heads = self.artifact.build(dtype=dtype, device=pair.device)
@@ -160,7 +204,7 @@ class MedusaMethod(ProposerMethod):
         return {"target": self.max_nodes + 1}
 
     def make_proposer(self, prompt_ids) -> MedusaTree:
-        return MedusaTree(self.heads, self.parts, self.top_k, self.depth, self.max_nodes)
+        return MedusaTree(self.heads, self.parts, self.top_k, self.depth, self.max_nodes, self.template)
 
     def head_cost_probe(self) -> "MedusaCostProbe":
         """The heads' evaluations as the run's bound times them (costs.run_bound)."""

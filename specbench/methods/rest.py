@@ -14,10 +14,14 @@ continuations of ``draft_length`` tokens (cut at a document's end, after the fir
 leaves). The trie's nodes are ranked by count (ties: shallower first, then first seen) and the top ``max_nodes``
 kept: since a node's count never exceeds its parent's, the kept set is always a subtree hanging from x0.
 
-Where we differ: of a suffix with more occurrences than ``max_candidates``, REST's retriever takes the first ones it
-finds; we take occurrences evenly spaced over the suffix array's range, which is sorted by continuation, so the
-sample's counts are proportional to the continuations' frequencies. Defaults are sized for a CPU (a 16-node tree;
-REST used 64 nodes on a GPU).
+Of a suffix with more occurrences than ``max_candidates``, REST's retriever takes the first ones in suffix-array
+order (``retrieve: first``, the default, with its 5000 candidates and 64 nodes: the published run); ``spaced``
+takes occurrences evenly spaced over the range instead, which is sorted by continuation, so the sample's counts are
+proportional to the continuations' frequencies (method=rest_cpu: 512 of them, 16 nodes, sized for a CPU verify).
+Where we differ: DraftRetriever keeps one suffix array per 512M-token chunk and joins entries with no separator
+(a match may run across two answers); ours is one array with a separator between answers, and a continuation
+stops at its answer's end. Its tree keeps the 64 most frequent prefixes and then trims paths until their distinct
+tokens fit; ours keeps the top ``max_nodes`` nodes by count, always a subtree.
 
 The tree is a proposal of point masses (what is retrieved depends only on the committed tokens): output identical
 to greedy at T = 0, exact tree rejection sampling above it. Raw counters in ``extra``: steps, steps_with_match, and
@@ -29,6 +33,8 @@ from ..decoding.proposal import Proposal, Step, StepContext
 from ..errors import positive_int, require
 from ..retrieval.datastore import Datastore, check_tokenizer, location, read_manifest
 from .base import ProposerMethod
+
+RETRIEVE = ("first", "spaced")  # which occurrences of a suffix with more than max_candidates (Datastore.continuations)
 
 
 def top_nodes(paths: list[list[int]], max_nodes: int) -> list[list[int]]:
@@ -73,9 +79,10 @@ class RetrievalProposer:
     draft = None  # no draft model
 
     def __init__(self, store: Datastore, max_context: int, min_context: int, draft_length: int,
-                 max_candidates: int, max_nodes: int):
+                 max_candidates: int, max_nodes: int, retrieve: str = "spaced"):
         self.store, self.max_context, self.min_context = store, max_context, min_context
         self.draft_length, self.max_candidates, self.max_nodes = draft_length, max_candidates, max_nodes
+        self.retrieve = retrieve
         self.stats = {"steps": 0, "steps_with_match": 0}
         self.match_length: list[int] = []
         self.retrieved: list[int] = []
@@ -84,7 +91,7 @@ class RetrievalProposer:
     def propose(self, context: StepContext) -> Proposal:
         length = min(self.draft_length, context.room)
         size, found = self.store.continuations(context.tokens, self.max_context, self.min_context, length,
-                                               self.max_candidates)
+                                               self.max_candidates, self.retrieve)
         proposal = Proposal()
         proposal.add_paths(top_nodes([cut_at_eos(path, context.eos_ids) for path in found], self.max_nodes))
         self.stats["steps"] += 1
@@ -105,11 +112,13 @@ class RetrievalProposer:
 class Rest(ProposerMethod):
     """``method=rest``: retrieval drafts from a datastore, tree-verified. Knobs: ``datastore`` (a name under
     ``datastores_dir``, or a path), ``max_context`` / ``min_context`` (suffix lengths tried), ``draft_length``
-    (tokens per continuation), ``max_candidates`` (continuations retrieved), ``max_nodes`` (tree nodes kept)."""
+    (tokens per continuation), ``max_candidates`` (continuations retrieved), ``retrieve`` (which of more
+    occurrences: ``first`` in suffix-array order, REST's, or ``spaced``), ``max_nodes`` (tree nodes kept)."""
 
     def __init__(self, pair, name: str = "rest", datastore: str = "sharegpt", datastores_dir: str | None = None,
-                 max_context: int = 16, min_context: int = 2, draft_length: int = 10, max_candidates: int = 512,
-                 max_nodes: int = 16, temperature: float = 0.0, top_p: float = 1.0, seed: int = 0):
+                 max_context: int = 16, min_context: int = 2, draft_length: int = 10, max_candidates: int = 5000,
+                 retrieve: str = "first", max_nodes: int = 64, temperature: float = 0.0, top_p: float = 1.0,
+                 seed: int = 0):
         super().__init__(pair, name, temperature, top_p, seed)
         self.max_context = positive_int(max_context, "method.max_context", "longest context suffix matched")
         self.min_context = positive_int(min_context, "method.min_context", "shortest context suffix matched")
@@ -118,6 +127,8 @@ class Rest(ProposerMethod):
         self.draft_length = positive_int(draft_length, "method.draft_length", "tokens per retrieved continuation")
         self.max_candidates = positive_int(max_candidates, "method.max_candidates", "continuations retrieved per step")
         self.max_nodes = positive_int(max_nodes, "method.max_nodes", "most tree nodes per step")
+        require(retrieve in RETRIEVE, "method.retrieve", f"{retrieve!r} is not one of {list(RETRIEVE)}")
+        self.retrieve = retrieve
         require(isinstance(datastore, str) and datastore.strip() != "", "method.datastore",
                 f"must name a datastore (a name under method.datastores_dir, or a path), got {datastore!r}")
         self.where = location(datastore, datastores_dir)
@@ -131,4 +142,4 @@ class Rest(ProposerMethod):
 
     def make_proposer(self, prompt_ids) -> RetrievalProposer:
         return RetrievalProposer(self.store, self.max_context, self.min_context, self.draft_length,
-                                 self.max_candidates, self.max_nodes)
+                                 self.max_candidates, self.max_nodes, self.retrieve)

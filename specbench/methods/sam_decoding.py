@@ -45,14 +45,15 @@ class SamProposer:
     """Proposer: the automata's draft when the match is long enough, else the fallback's (module docstring)."""
 
     def __init__(self, max_draft: int, min_match_length: int, static: SuffixAutomaton | None = None,
-                 corpus_bias: int = 0, fallback: Proposer | None = None):
+                 corpus_bias: int = 0, fallback: Proposer | None = None, alpha: float | None = None):
         self.sam = SuffixAutomaton()  # the dynamic automaton: prompt + generated tokens
         self.static, self.corpus_bias = static, corpus_bias
         self.static_match = Match()  # the committed sequence against the static automaton (unused without one)
-        self.max_draft, self.min_match_length = max_draft, min_match_length
+        self.max_draft, self.min_match_length, self.alpha = max_draft, min_match_length, alpha
         self.fallback = fallback
         self.draft = getattr(fallback, "draft", None)  # the fallback's draft CachedLM: its forwards are counted
         self.head_log = getattr(fallback, "head_log", None)  # so are a fallback head's (EAGLE-2's)
+        self.topk = getattr(fallback, "topk", 0)  # Token Recycling learns from every verify step's top-k rows
         self.stats = {"steps": 0, "steps_sam": 0, "steps_fallback": 0}
         self.match_length: list[int] = []
         self.source: list[str] = []  # per step: sam | fallback | none (no draft)
@@ -65,13 +66,16 @@ class SamProposer:
                 self.static_match = self.static.read(self.static_match, token)
 
     def sam_draft(self, context: StepContext) -> tuple[int, list[int]]:
-        """(match length, draft): the longer match's continuation (the static one's length less corpus_bias), cut
-        before the first EOS and to the room."""
+        """(match length m, draft): the longer match's continuation (the static one's length less corpus_bias), of
+        ``max_draft`` tokens, or with ``alpha`` min(max_draft, ⌊α·m⌋) (the paper's SAM-alone length: its
+        min(n_predicts, 1 + ⌊α·m⌋) counts the last committed token too), cut before the first EOS and to the room."""
         self._read(context.tokens)
-        want = min(self.max_draft, context.room)
         length, source, match = self.sam.match.length, self.sam, self.sam.match
         if self.static is not None and self.static_match.length - self.corpus_bias > length:
             length, source, match = self.static_match.length - self.corpus_bias, self.static, self.static_match
+        want = min(self.max_draft, context.room)
+        if self.alpha is not None:
+            want = min(want, int(max(length, 0) * self.alpha))
         draft = source.continuation(match, want)
         cut = next((i for i, token in enumerate(draft) if token in context.eos_ids), len(draft))
         return length, draft[:cut]
@@ -120,11 +124,12 @@ class SamDecoding(ProposerMethod):
     """``method=sam_decoding``: knobs ``max_draft`` (most tokens drafted per step), ``min_match_length`` (the paper's
     len_threshold: shortest match whose draft is used), ``fallback`` (null, or another method's config: its
     proposals below the threshold), ``corpus`` (null, or a JSON file of token-id lists for the static automaton) and
-    ``corpus_bias`` (the paper's len_bias: a static match counts that many tokens less)."""
+    ``corpus_bias`` (the paper's len_bias: a static match counts that many tokens less), ``alpha`` (null: always
+    ``max_draft`` tokens; a number α: min(max_draft, ⌊α·m⌋) after an m-token match, the paper's SAM alone)."""
 
     def __init__(self, pair, name: str = "sam_decoding", max_draft: int = 10, min_match_length: int = 1,
-                 fallback: Any = None, corpus: str | None = None, corpus_bias: int = 4, temperature: float = 0.0,
-                 top_p: float = 1.0, seed: int = 0):
+                 fallback: Any = None, corpus: str | None = None, corpus_bias: int = 4, alpha: float | None = None,
+                 temperature: float = 0.0, top_p: float = 1.0, seed: int = 0):
         super().__init__(pair, name, temperature, top_p, seed)
         self.max_draft = positive_int(max_draft, "method.max_draft", "most tokens drafted per step")
         self.min_match_length = positive_int(min_match_length, "method.min_match_length",
@@ -132,6 +137,9 @@ class SamDecoding(ProposerMethod):
         require(isinstance(corpus_bias, int) and not isinstance(corpus_bias, bool) and corpus_bias >= 0,
                 "method.corpus_bias", f"must be an integer >= 0, got {corpus_bias!r}")
         self.corpus_bias = corpus_bias
+        require(alpha is None or (isinstance(alpha, (int, float)) and not isinstance(alpha, bool) and alpha > 0),
+                "method.alpha", f"must be null or a number > 0 (draft length per matched token), got {alpha!r}")
+        self.alpha = alpha
         self.static = None if corpus is None else SuffixAutomaton.of_sequences(load_corpus(corpus))
         self.fallback = build_fallback(fallback, pair, temperature, top_p, seed)
         require(not getattr(self.fallback, "tunes_length", False), "method.fallback",
@@ -173,7 +181,8 @@ class SamDecoding(ProposerMethod):
 
     def make_proposer(self, prompt_ids) -> SamProposer:
         fallback = None if self.fallback is None else self.fallback.make_proposer(prompt_ids)
-        return SamProposer(self.max_draft, self.min_match_length, self.static, self.corpus_bias, fallback)
+        return SamProposer(self.max_draft, self.min_match_length, self.static, self.corpus_bias, fallback,
+                           self.alpha)
 
     def generate(self, prompt_ids, max_new_tokens, eos_ids, timeline=NoTimeline()):
         proposer = self.make_proposer(prompt_ids)

@@ -16,7 +16,8 @@ What we do: the same, on the one loop (decoding/loop.py). The per-request tree i
 generation starts and grows by the tokens each step keeps (``observe``); the global tree is the method's, kept
 across the prompts of a run: every generation opens an entry in it that grows with its output (Arctic's
 ``add_active_response``), and at most ``max_cached_requests`` entries are kept, the oldest removed first (FIFO as
-Arctic; 0: no global tree). Ties: a higher score wins, then the longer match, then the per-request tree. What
+Arctic; 0: no global tree). Ties: within a tree the longer match, between the trees the per-request one (as Arctic's
+``SuffixDecodingCache.speculate``; tests/test_suffix_parity.py checks ours against it). What
 carries from prompt to prompt is the global tree's outputs; ``carried_state`` / ``restore_state`` make it the
 outputs the measured prompts before it left, in dataset order (design.md, *Warm start, defined*): a restore
 removes and re-adds only the outputs that differ. Differences: ``min_match`` (default 1, Arctic has none) skips
@@ -52,13 +53,19 @@ class SuffixProposer:
         self.match_len: list[int] = []
         self.tree_nodes: list[int] = []
 
-    def propose(self, context: StepContext) -> Proposal:
+    def choose(self, context: StepContext) -> tuple[Draft, str | None]:
+        """The best draft of the per-request and the global tree, and which ("local" / "global"; None: no draft).
+        As Arctic Inference: the global tree's wins only with a higher score (a tie keeps the per-request one)."""
         best, source = Draft(), None
         trees = [("local", self.local)] + ([("global", self.method.global_tree)] if self.entry is not None else [])
         for name, tree in trees:
             draft = self.best_draft(tree, context)
-            if draft.score > best.score or (draft.score == best.score and draft.match_len > best.match_len):
+            if draft.tokens and (source is None or draft.score > best.score):
                 best, source = draft, name
+        return best, source
+
+    def propose(self, context: StepContext) -> Proposal:
+        best, source = self.choose(context)
         self.stats["steps"] += 1
         self.stats["steps_with_match"] += bool(best.tokens)
         self.stats["global_hits"] += bool(best.tokens) and source == "global"
@@ -67,11 +74,12 @@ class SuffixProposer:
         return Proposal(best.tokens, best.parents)
 
     def best_draft(self, tree: SuffixTree, context: StepContext) -> Draft:
-        """Of the matches of lengths min_match.. (while the last m tokens are a path), the best draft."""
+        """Of the matches of lengths min_match..min(len - 1, D - 1) (while the last m tokens are a path), the best
+        draft; ties: the longer match."""
         m_ = self.method
         best = Draft()
         tokens = context.tokens
-        for m in range(1, min(len(tokens) + 1, m_.max_depth)):
+        for m in range(1, min(len(tokens), m_.max_depth)):  # never the whole context (Arctic's loop neither)
             node = tree.match(tokens, m)
             if node is None or not node.children:
                 break  # a longer match is a path through this one's occurrences: none, or nothing after it either

@@ -41,6 +41,8 @@ from ..decoding.rank_tree import parse_tree
 from ..errors import require
 from .base import ProposerMethod
 
+MATRIX_INITS = {"empty": -1, "zeros": 0}  # what a row never fed holds (method.matrix_init)
+
 # the default template: rank paths, imbalanced (earlier ranks get more children and go deeper), 18 nodes, depth 6
 DEFAULT_TREE = [[0], [1], [2], [3],
                 [0, 0], [0, 1], [1, 0], [2, 0],
@@ -65,17 +67,22 @@ class MatrixState:
 
 
 class AdjacencyMatrix:
-    """M: ``rows`` (V, k) int32, row t the candidate next tokens of t, best first; -1: t was never fed."""
+    """M: ``rows`` (V, k) int32, row t the candidate next tokens of t, best first. A row never fed holds the
+    initial value: -1 (``init="empty"``: no candidates) or 0 (``init="zeros"``, the paper's: k copies of token 0);
+    ``fed`` (V,) bool says which rows were written."""
 
-    def __init__(self, vocab: int, k: int):
-        self.rows = torch.full((vocab, k), -1, dtype=torch.int32)
+    def __init__(self, vocab: int, k: int, init: str = "empty"):
+        require(init in MATRIX_INITS, "method.matrix_init", f"{init!r} is not one of {sorted(MATRIX_INITS)}")
+        self.init = init
+        self.rows = torch.full((vocab, k), MATRIX_INITS[init], dtype=torch.int32)
+        self.fed = torch.zeros(vocab, dtype=torch.bool)
 
     @property
     def k(self) -> int:
         return self.rows.shape[1]
 
     def candidates(self, token: int) -> list[int]:
-        """M[token] as a list (all -1 when never fed: a row is written whole, k top-k ids at once)."""
+        """M[token] as a list (the initial value when never fed: a row is written whole, k top-k ids at once)."""
         return self.rows[token].tolist()
 
     def update(self, fed: Sequence[int], topk: Sequence[Sequence[int]]) -> None:
@@ -84,31 +91,36 @@ class AdjacencyMatrix:
         if latest:
             ids = torch.tensor(list(latest), dtype=torch.long)
             self.rows[ids] = torch.tensor([row[:self.k] for row in latest.values()], dtype=torch.int32)
+            self.fed[ids] = True
 
     def filled(self) -> int:
-        return int((self.rows[:, 0] >= 0).sum())
+        return int(self.fed.sum())
 
     def clear(self) -> None:
-        self.rows.fill_(-1)
+        self.rows.fill_(MATRIX_INITS[self.init])
+        self.fed.fill_(False)
 
     def snapshot(self) -> MatrixState | None:
         """A copy of the filled rows (None: nothing filled, a new matrix)."""
-        ids = (self.rows[:, 0] >= 0).nonzero().flatten()
+        ids = self.fed.nonzero().flatten()
         return MatrixState(ids.clone(), self.rows[ids].clone()) if len(ids) else None
 
     def restore(self, state: MatrixState | None) -> None:
-        """Make M what ``state`` was (None: empty)."""
+        """Make M what ``state`` was (None: as new)."""
         self.clear()
         if state is not None:
             self.rows[state.ids] = state.rows
+            self.fed[state.ids] = True
 
 
 def expand(matrix: AdjacencyMatrix, template: Sequence[Sequence[int]], root: int, room: int,
-           eos_ids: set[int]) -> Proposal:
+           eos_ids: set[int], unique: bool = True) -> Proposal:
     """Fill ``template`` (rank paths, parents before children) from x0 = ``root`` through M, breadth-first: the
     node at path p + [r] is the r-th candidate of the token at p. A node is left out (with everything under it)
-    when its parent's row has no r-th candidate, its parent is an EOS, it is deeper than ``room``, or its token
-    repeats an earlier sibling's (a trie; top-k rows never repeat, a hand-written one might)."""
+    when its parent's row has no r-th candidate (-1), its parent is an EOS, or it is deeper than ``room``; and,
+    when ``unique``, when its token repeats an earlier sibling's (a trie: top-k rows never repeat, but a row never
+    fed under ``matrix_init: zeros`` is k copies of token 0). ``unique=False`` keeps those copies: the paper's
+    static tree, every template node every step (its verify cost)."""
     proposal = Proposal()
     node_of: dict[tuple[int, ...], int] = {(): -1}  # template path -> proposal node (-1: x0)
     row_of: dict[int, list[int]] = {}  # proposal node -> M[its token], read once
@@ -125,9 +137,9 @@ def expand(matrix: AdjacencyMatrix, template: Sequence[Sequence[int]], root: int
         if parent not in row_of:
             row_of[parent] = matrix.candidates(parent_token)
         token = row_of[parent][path[-1]]
-        if token < 0 or token in siblings.setdefault(parent, set()):
+        if token < 0 or (unique and token in siblings.setdefault(parent, set())):
             continue
-        siblings[parent].add(token)
+        siblings.setdefault(parent, set()).add(token)
         node_of[tuple(path)] = len(proposal.tokens)
         proposal.tokens.append(token)
         proposal.parents.append(parent)
@@ -142,20 +154,21 @@ class RecyclingTree:
     def __init__(self, matrix: AdjacencyMatrix, template: Sequence[Sequence[int]]):
         self.matrix, self.template = matrix, template
         self.topk = matrix.k  # the loop hands back the target's top-k ids at every fed row (Step.topk)
-        self.root = -1  # x0 of the step in flight
         self.tree_nodes: list[int] = []
         self.tree_depth: list[int] = []
 
     def propose(self, context: StepContext) -> Proposal:
-        self.root = context.tokens[-1]
-        proposal = expand(self.matrix, self.template, self.root, context.room, context.eos_ids)
+        proposal = expand(self.matrix, self.template, context.tokens[-1], context.room, context.eos_ids,
+                          unique=self.matrix.init == "empty")
         self.tree_nodes.append(len(proposal.tokens))
         self.tree_depth.append(proposal.depth)
         return proposal
 
     def observe(self, step: Step) -> None:
-        # every fed row, accepted or not: x0's row is the target after x0, node i's after node i's path
-        self.matrix.update([self.root] + step.proposal.tokens, step.topk)
+        # every fed row, accepted or not: x0's row is the target after x0, node i's after node i's path; x0 read
+        # from the step (another proposer may have drafted it: SAM Decoding with this as its fallback)
+        x0 = step.tokens[len(step.tokens) - len(step.emitted) - 1]
+        self.matrix.update([x0] + step.proposal.tokens, step.topk)
 
     def extra(self) -> dict:
         return {"steps": len(self.tree_nodes), "tree_nodes": self.tree_nodes, "tree_depth": self.tree_depth,
@@ -164,21 +177,25 @@ class RecyclingTree:
 
 class TokenRecycling(ProposerMethod):
     """``method=token_recycling``: the target alone, drafting from its own recycled top-k candidates. Knobs:
-    ``tree`` (the static template: per-depth widths or rank paths), ``warm_start`` (keep M across prompts)."""
+    ``tree`` (the static template: per-depth widths or rank paths), ``matrix_init`` (what a row never fed holds:
+    ``zeros``, the paper's, or ``empty``), ``warm_start`` (keep M across prompts)."""
 
     def __init__(self, pair, name: str = "token_recycling",
                  tree: Sequence[int] | Sequence[Sequence[int]] = tuple(map(tuple, DEFAULT_TREE)),
-                 warm_start: bool = True, temperature: float = 0.0, top_p: float = 1.0, seed: int = 0):
+                 matrix_init: str = "empty", warm_start: bool = True, temperature: float = 0.0, top_p: float = 1.0,
+                 seed: int = 0):
         super().__init__(pair, name, temperature, top_p, seed)
         self.template = parse_tree(tree)
         self.k = max(max(p) for p in self.template) + 1  # M's row width: the largest rank any node reads
         require(isinstance(warm_start, bool), "method.warm_start", f"must be true or false, got {warm_start!r}")
         self.warm_start = warm_start
+        require(matrix_init in MATRIX_INITS, "method.matrix_init",
+                f"{matrix_init!r} is not one of {sorted(MATRIX_INITS)}")
         # Last: the vocabulary (a ConfigOnlyPair of a hub or embedded pair stops the early build here)
         vocab = pair.vocab_size
         require(self.k <= vocab, "method.tree", f"rank {self.k - 1} needs more candidates per token than the "
                                                f"vocabulary has tokens ({vocab})")
-        self.matrix = AdjacencyMatrix(vocab, self.k)
+        self.matrix = AdjacencyMatrix(vocab, self.k, matrix_init)
 
     def step_blocks(self) -> dict[str, int]:
         return {"target": len(self.template) + 1}

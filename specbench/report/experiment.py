@@ -25,6 +25,7 @@ from ..metrics import matched_baseline, mean_sl, one_per_prompt, rate, summarize
 from ..runner import RunSpec
 from ..schema import RunRecord
 from ..scoring import primary_value
+from .presets import Unlike, unlike_published
 from .tables import column_keys_of, row_keys_of
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
@@ -46,6 +47,7 @@ class Cell:
     baseline_records: list[RunRecord] = field(default_factory=list)
     status: str = "not run yet"   # ok | not run yet | failed: <why>
     summary: dict = field(default_factory=dict)
+    unlike: Unlike | None = None  # its method is not the published run of its paper row (report/presets.py)
 
     def value(self, key: str):
         """A config value naming this cell in a table (e.g. ``method.name``, ``method.top_k``)."""
@@ -124,6 +126,7 @@ def _load(name: str, overrides: list[str], limit: int | None) -> Experiment:
         for job in expand_grid(params, overrides):
             cfg = compose_config([f"+experiment={name}", *job])
             cells.append(load_cell(job, cfg, limit if limit is not None else cfg.data.get("limit")))
+            cells[-1].unlike = unlike_published(spec, name, job, cfg, compose_config)
     return Experiment(name=name, spec=spec, cells=cells, overrides=overrides)
 
 

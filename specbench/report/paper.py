@@ -11,6 +11,7 @@ from ..schema import RunRecord
 from .console import alpha_text, identity_text
 from .experiment import CONF_DIR, Cell, Experiment
 from .parity import engine_notes, parity
+from .presets import NAME
 from .tables import TIED, UNLIKE, Entry, Table, build_table, to_csv, to_latex, to_markdown
 
 PUBLISHED_DIR = Path(__file__).resolve().parent / "published"
@@ -56,6 +57,8 @@ def match_stats(records: list[RunRecord]) -> dict:
 
 def cell_entry(spec, cell: Cell, keys: list[str]) -> Entry:
     entry = Entry(keys={k: canonical(spec, k, cell.value(k)) for k in keys}, status=cell.status)
+    if cell.unlike is not None and NAME in entry.keys:  # not the paper's run: a row of its own (report/presets.py)
+        entry.keys[NAME], entry.paper_note = cell.unlike.row, cell.unlike.note
     if cell.status != "ok":
         return entry
     s = cell.summary
@@ -261,6 +264,8 @@ def build(exp: Experiment, ours_entries: list[Entry] | None = None) -> Table:
     spec = exp.spec
     ours = ours_entries if ours_entries is not None else [cell_entry(spec, c, exp.keys) for c in exp.cells]
     exp.entries, exp.published = ours, published_entries(spec, exp.keys)
+    # where our row is not the paper's run, the paper column says so instead of leaving it empty
+    exp.published += [Entry(keys=dict(e.keys), status=e.paper_note) for e in ours if e.paper_note]
     table = build_table(spec, ours, exp.published, known_methods())
     notes = []
     if spec.get("highlight"):
@@ -280,6 +285,10 @@ def build(exp: Experiment, ours_entries: list[Entry] | None = None) -> Table:
                      "tokens both emitted alike, both clocks read there; τ is pooled over those steps (Σ tokens / Σ "
                      "steps); the whole-output figures (every token, alike or not) are named as such, and the CSV has "
                      "the per-prompt mean τ (tau_prompt_mean)")
+    if any(e.paper_note for e in ours):
+        notes.append("paper columns say 'different settings' where our row does not run the published configuration "
+                     "of the paper's method (experiment.published_presets: conf/method/<preset>.yaml, compared key "
+                     "by key): such a row is labelled with what differs and is never set beside the paper's number")
     source = source_line(spec)
     if source:
         notes.append(f"paper columns: {source}")

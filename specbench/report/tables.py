@@ -66,6 +66,7 @@ class Entry:
     status: str = "ok"               # ok | not run yet | failed: ... (ours only)
     flagged: set = field(default_factory=set)  # metrics over too little identical work (identical_work.py): unlike
     exact: set = field(default_factory=set)  # metrics known without uncertainty (the baseline's own speed-up, 1)
+    paper_note: str | None = None  # ours, not the paper's run: what the paper column says instead (presets.py)
 
 
 @dataclass
@@ -110,6 +111,9 @@ def column_keys_of(spec) -> list[str]:
 def label_for(spec, key: str, value) -> str:
     """How an identifier prints (experiment.labels), e.g. ouroboros_warm -> Ouroboros†; itself otherwise."""
     labels = dict((spec.get("labels") or {}).get(key) or {})  # plain: a config node rejects None as a key
+    if value not in labels and str(value) not in labels and isinstance(value, str) and " [" in value:
+        base, changed = value.split(" [", 1)  # a paper's method with other settings (presets.py): "name [k=v]"
+        return f"{label_for(spec, key, base)} [{changed}"
     return str(labels.get(value, labels.get(str(value), value)))
 
 
@@ -161,7 +165,7 @@ def build_table(spec, ours: list[Entry], paper: list[Entry], known_methods: set[
                 low, high = e.intervals.get(m) or (None, None)
                 tidy.append({**where, "value": e.values.get(m), "std": e.stds.get(m), "ci95_low": low,
                              "ci95_high": high, "unlike": m in e.flagged, "mark": marks.get((source, r, g, m))})
-            elif source == "ours" and e is not None:
+            elif e is not None:  # ours not run / failed; the paper's "different settings" (presets.py)
                 tidy.append({**where, "value": None, "std": None, "status": e.status})
         body.append(line)
     header = [r.get("title", r["key"]) for r in spec.rows]

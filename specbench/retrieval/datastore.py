@@ -121,11 +121,13 @@ class Datastore:
         return cls(tokens, sa, manifest)
 
     def continuations(self, context: Sequence[int], max_context: int, min_context: int, length: int,
-                      max_candidates: int) -> tuple[int, list[list[int]]]:
+                      max_candidates: int, retrieve: str = "spaced") -> tuple[int, list[list[int]]]:
         """(L, continuations): for the longest suffix of ``context`` (L from max_context down to min_context) that
         occurs in the datastore followed by at least one token, the up to ``length`` tokens after each of up to
-        ``max_candidates`` of its occurrences (evenly spaced over the suffix-array range, so they sample the
-        continuations in proportion to their frequency), each cut at its document's end; (0, []) if none."""
+        ``max_candidates`` of its occurrences, each cut at its document's end; (0, []) if none. Which occurrences
+        (``retrieve``): ``first``, the first in suffix-array order (REST's DraftRetriever: the lexicographically
+        smallest continuations), or ``spaced``, evenly spaced over the suffix-array range (a sample of the
+        continuations in proportion to their frequency)."""
         if length <= 0:
             return 0, []
         # a suffix that occurs has every shorter suffix occurring (at its tail): find how far up they occur, then
@@ -138,7 +140,10 @@ class Datastore:
             found_at[size] = (lo, hi)
         for size in sorted(found_at, reverse=True):
             lo, hi = found_at[size]
-            picks = np.unique(np.linspace(lo, hi - 1, min(max_candidates, hi - lo)).round().astype(np.int64))
+            if retrieve == "first":
+                picks = np.arange(lo, min(hi, lo + max_candidates), dtype=np.int64)
+            else:
+                picks = np.unique(np.linspace(lo, hi - 1, min(max_candidates, hi - lo)).round().astype(np.int64))
             starts = self.sa[picks].astype(np.int64) + size  # (m,): where each continuation starts
             at = np.minimum(starts[:, None] + np.arange(length), len(self.tokens) - 1)  # (m, length); the last is -1
             window = np.asarray(self.tokens[at.reshape(-1)]).reshape(at.shape)

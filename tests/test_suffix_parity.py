@@ -1,0 +1,122 @@
+"""Suffix decoding against the reference: Snowflake's Arctic Inference (``arctic_inference.suffix_decoding``, what
+vLLM and SGLang ship), built from its source package by ``make install``. For the same history — earlier requests'
+outputs in the global tree, this request's prompt and output in its own — and the same settings, our proposer must
+draft what ``SuffixDecodingCache.speculate`` drafts: the same match length, the same nodes with the same estimated
+probabilities, the same score; path mode (Arctic's and vLLM's default) and tree mode (the paper's).
+
+Where a draft is cut by its budget, or a path mode step chooses between children of equal counts, the reference's
+choice among equals is an implementation detail (its priority queue and child order): there the test compares what
+does not depend on it (the score, the match length, the multiset of probabilities)."""
+import os
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from specbench.decoding.proposal import StepContext
+from specbench.decoding.sampling import Sampler
+from specbench.methods.suffix import SuffixDecoding
+
+from .test_equivalence import pair_for
+
+try:
+    from arctic_inference.suffix_decoding import SuffixDecodingCache
+except ImportError:  # make install builds it; CI (make test) must have it
+    if os.environ.get("SPECBENCH_REFERENCES") == "required":
+        raise
+    pytest.skip("arctic-inference is not installed (make install builds it from its source package)",
+                allow_module_level=True)
+
+UNCAPPED = 10_000  # a budget no draft reaches: the whole tree above the probability floor
+# the reference keeps probabilities in float32, ours in float64: they agree to float32's precision
+
+
+def paths(tokens: list[int], parents: list[int]) -> dict[tuple[int, ...], int]:
+    """Node index -> its token path from the matched node, as {path: index}."""
+    out: dict[tuple[int, ...], int] = {}
+    for i, (token, parent) in enumerate(zip(tokens, parents)):
+        out[(*(next(p for p, j in out.items() if j == parent) if parent >= 0 else ()), token)] = i
+    return out
+
+
+def reference_draft(previous, prompt, output, depth, budget, factor, floor, tree):
+    cache = SuffixDecodingCache(max_tree_depth=depth, max_cached_requests=-1)
+    for i, (p, r) in enumerate(previous):
+        cache.start_request(f"earlier-{i}", p)
+        if r:
+            cache.add_active_response(f"earlier-{i}", r)
+        cache.stop_request(f"earlier-{i}")
+    cache.start_request("now", prompt)
+    if output:
+        cache.add_active_response("now", output)
+    context = (prompt + output)[-depth:]
+    return cache.speculate("now", context, max_spec_tokens=budget, max_spec_factor=factor, max_spec_offset=0.0,
+                           min_token_prob=floor, use_tree_spec=tree)
+
+
+def our_draft(pair, previous, prompt, output, depth, budget, factor, floor, tree):
+    method = SuffixDecoding(pair, max_depth=depth, max_spec_factor=factor, max_tree_nodes=budget,
+                            min_token_prob=floor, tree=tree, max_cached_requests=10 ** 6)
+    for p, r in previous:  # an earlier request: its output enters the global tree, its prompt does not
+        earlier = method.make_proposer(p)
+        method.append_output(earlier.entry, r)
+    proposer = method.make_proposer(prompt)
+    proposer.local_active = proposer.local.extend(proposer.local_active, output)
+    method.append_output(proposer.entry, output)
+    draft, _ = proposer.choose(StepContext(prompt + output, 0, 10 ** 6, set(), Sampler()))
+    return draft
+
+
+tokens = st.lists(st.integers(0, 4), max_size=24)
+cases = st.fixed_dictionaries({
+    "previous": st.lists(st.tuples(tokens, tokens), max_size=3),
+    "prompt": st.lists(st.integers(0, 4), min_size=1, max_size=24),
+    "output": tokens,
+    "depth": st.sampled_from([3, 6, 64]),
+    "budget": st.sampled_from([1, 3, 8, UNCAPPED]),
+    "factor": st.sampled_from([0.5, 1.0, 2.0, 64.0]),
+    "floor": st.sampled_from([0.0, 0.1, 0.3]),
+    "tree": st.booleans(),
+})
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=cases)
+def test_our_draft_is_arctic_inferences(case):
+    pair = pair_for("llama", 0.05)
+    ref = reference_draft(**case)
+    ours = our_draft(pair, **case)
+    assert len(ours.tokens) == len(ref.token_ids), (ours, ref)
+    if not ours.tokens:
+        return
+    assert ours.match_len == ref.match_len and ours.score == pytest.approx(ref.score, abs=1e-6), (ours, ref)
+    assert sorted(ours.probs) == pytest.approx(sorted(ref.probs), abs=1e-6), (ours, ref)
+    if case["tree"] and case["budget"] == UNCAPPED and case["factor"] == 64.0:  # every node above the floor
+        ref_paths, our_paths = paths(ref.token_ids, ref.parents), paths(ours.tokens, ours.parents)
+        assert set(our_paths) == set(ref_paths)
+        assert all(ours.probs[our_paths[p]] == pytest.approx(ref.probs[ref_paths[p]], abs=1e-6) for p in our_paths)
+    if not case["tree"] and unique_choices(ref.probs):  # path mode, no step chose between equal children
+        assert ours.tokens == ref.token_ids
+
+
+def unique_choices(probs: list[float]) -> bool:
+    """A path whose every step took more than half of its parent's occurrences had no equal sibling to choose."""
+    ratios = [probs[0]] + [b / a for a, b in zip(probs, probs[1:])]
+    return all(r > 0.5 for r in ratios)
+
+
+def test_a_hand_built_history_gives_the_references_draft():
+    """An earlier output 10 11 12 13 14 10 11 12 15 and this request's 10 11 so far (its prompt 7 8 9): after "11"
+    (3 occurrences, 2 followed by 12) p(12) = 2/3, then 13 and 15 at 1/3 each and the rest of the earlier output at
+    1/3; "10 11" matches as well with the same draft (score 3), so the longer match (2) wins; the request's own tree
+    has nothing after 11."""
+    pair = pair_for("llama", 0.05)
+    previous = [([1, 2, 3], [10, 11, 12, 13, 14, 10, 11, 12, 15])]
+    want = {(12,): 2 / 3, (12, 13): 1 / 3, (12, 15): 1 / 3, (12, 13, 14): 1 / 3, (12, 13, 14, 10): 1 / 3,
+            (12, 13, 14, 10, 11): 1 / 3, (12, 13, 14, 10, 11, 12): 1 / 3, (12, 13, 14, 10, 11, 12, 15): 1 / 3}
+    args = (previous, [7, 8, 9], [10, 11], 64, UNCAPPED, 64.0, 0.1, True)
+    ref, ours = reference_draft(*args), our_draft(pair, *args)
+    assert (ours.match_len, ref.match_len) == (2, 2) and ours.score == pytest.approx(3.0) == ref.score
+    for draft_paths, probs in ((paths(ours.tokens, ours.parents), ours.probs),
+                               (paths(ref.token_ids, ref.parents), ref.probs)):
+        assert {path: probs[i] for path, i in draft_paths.items()} == pytest.approx(want)
