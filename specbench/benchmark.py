@@ -3,13 +3,14 @@ the rounds and summarises: engines/hf.py, engines/vllm_backend.py). ``python -m 
 draft-head pipelines call it; the pieces it is made of are in components.py."""
 from __future__ import annotations
 
+import sys
 import time
 
 from omegaconf import DictConfig
 
 from .components import engine_of, spec_for
 from .config_check import check_settings
-from .errors import ConfigError
+from .errors import ConfigError, LosslessnessError, StorageError
 from .models.backend import fit_auto_backend
 from .records import write_json
 
@@ -28,9 +29,15 @@ def run(cfg: DictConfig, pair=None) -> dict:
     try:
         engine.check(cfg, pair)  # sampling and every _target_ node, before any model loads or engine starts
         summary = engine.measure(cfg, spec, pair)
-    except ConfigError as exc:  # say why this cell of a sweep is empty (the report reads it)
-        write_json(spec.error_path, {"error": str(exc), "method": spec.method, "pair": spec.pair, "data": spec.data,
+    except (StorageError, LosslessnessError):  # one line from __main__: a full disk, a run that finished unproven
+        raise
+    except Exception as exc:  # say why this cell of a sweep is empty (the report reads it), whatever failed: a
+        # sweep's launcher keeps a failed job's traceback until the whole sweep ends, and records stay kept
+        why = str(exc) if isinstance(exc, ConfigError) else f"{type(exc).__name__}: {exc}"
+        write_json(spec.error_path, {"error": why, "method": spec.method, "pair": spec.pair, "data": spec.data,
                                      "timestamp": time.time()})
+        if not isinstance(exc, ConfigError):  # said now, not when the sweep ends (__main__ says a ConfigError)
+            print(f"specbench: error: {why} (records so far are kept; {spec.error_path})", file=sys.stderr)
         raise
     spec.error_path.unlink(missing_ok=True)
     return summary

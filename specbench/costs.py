@@ -34,7 +34,9 @@ MIN_CONTEXT_GAP = 256  # a run reaching this much past its first prompt also get
 def time_blocks(lm, prompt: list[int], blocks: list[tuple[int, int]], repeats: int = 3) -> dict[tuple, float]:
     """ms per forward of each (k tokens, rows of logits kept) block after ``prompt``, the cache cropped back to the
     prompt after each: the median of ``repeats`` passes over all blocks (after one warm pass), blocks interleaved
-    within a pass so that a load change on the machine hits every block alike instead of skewing their ratios."""
+    within a pass so that a load change on the machine hits every block alike instead of skewing their ratios.
+    ``lm`` is left empty, as it came: a second call on it (a kept table's re-check) reads the prompt at its own
+    positions, not after the first call's copy (which, after a long prompt, ran past a llama.cpp context)."""
     watch = Stopwatch(lm.device)
     lm.forward(prompt, keep_last=1)
     times: dict[tuple, list[float]] = {b: [] for b in blocks}
@@ -44,6 +46,7 @@ def time_blocks(lm, prompt: list[int], blocks: list[tuple[int, int]], repeats: i
             lm.forward((prompt * (k // len(prompt) + 1))[-k:], keep_last=rows)
             times[(k, rows)].append(watch.stop())
             lm.crop(len(prompt))
+    lm.crop(0)
     return {b: 1000 * statistics.median(t[1:]) for b, t in times.items()}
 
 

@@ -402,3 +402,21 @@ def test_load_never_writes_and_the_lock_repairs(tmp_path):
     assert path.read_text().endswith('"rep'), "a reader must not cut a line another process may be writing"
     with RecordStore(path).lock():  # a writer, holding the lock, may: nobody else is writing
         assert path.read_text() == whole
+
+
+def test_a_job_that_fails_on_anything_says_why_in_its_cell(tmp_path, monkeypatch, capsys):
+    """Not only a ConfigError: a run that fails mid-way (here the engine raising as llama.cpp did past its context)
+    writes its error file, which the report shows as the cell's status, and says so at once on stderr (a sweep's
+    launcher holds the traceback until the whole sweep ends)."""
+    from specbench.components import spec_for
+    from specbench.engines import hf
+
+    def boom(cfg, spec, pair):
+        raise RuntimeError("llama_decode failed (1) on 1425 tokens")
+    monkeypatch.setattr(hf, "measure", boom)
+    cfg = composed("model=tiny_llama", "data=gsm8k", "data.limit=1", f"runner.records_dir={tmp_path}")
+    with pytest.raises(RuntimeError, match="llama_decode failed"):
+        benchmark.run(cfg)
+    error = json.loads(spec_for(cfg, cfg.method).error_path.read_text())["error"]
+    assert error == "RuntimeError: llama_decode failed (1) on 1425 tokens"
+    assert "specbench: error: RuntimeError: llama_decode failed" in capsys.readouterr().err

@@ -47,8 +47,20 @@ def steady_clock(monkeypatch):
     def timed(lm, prompt, blocks, repeats=3):
         real(lm, prompt, blocks, repeats)
         return {(k, rows): 1.0 + 0.1 * k + 0.01 * rows + 0.001 * len(prompt) for k, rows in blocks}
+    timed.__wrapped__ = real  # the real one, for the test of what it leaves in the model
     monkeypatch.setattr(costs, "time_blocks", timed)
     monkeypatch.setattr(cost_tables, "time_blocks", timed)
+
+
+def test_timing_blocks_leaves_the_model_empty_so_a_second_timing_reads_the_same_context(pair):
+    """A kept table that fails its check is re-timed on the same model (CostTableStore.costs): before, the second
+    timing fed the prompt after the first's copy of it, and on the embedded pair's 2048-position llama.cpp context
+    a 1425-token Spec-Bench prompt failed there (llama_decode failed at positions 1425..2849), losing the job."""
+    lm = pair.lm("target")
+    costs.time_blocks.__wrapped__(lm, PROMPT, [(1, 1), (4, 1)], 1)
+    assert lm.length == 0
+    costs.time_blocks.__wrapped__(lm, PROMPT, [(1, 1), (4, 1)], 1)
+    assert lm.length == 0
 
 
 def store_at(tmp_path, **identity) -> CostTableStore:
