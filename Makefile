@@ -80,7 +80,8 @@ $(LLAMA_STAMP): $(LLAMA_BUILT) $(STAMP)
 $(REF_STAMP): pyproject.toml $(LOCK) $(STAMP)
 	# arctic-inference is a source package: only its suffix-tree extension (C++, nanobind) is compiled, ~1 min. No
 	# build isolation: an isolated build would fetch a torch of its own (a CUDA one); CMake is pointed at this venv's
-	# Python (its FindPython would take the first python3 on the PATH, which lacks nanobind)
+	# Python (its FindPython would take the first python3 on the PATH, which lacks nanobind). The vLLM plugin it
+	# registers does nothing unless ARCTIC_INFERENCE_ENABLED is set (engine=vllm runs unpatched vLLM)
 	$(PIP) $(call extra,reference-build)
 	CMAKE_ARGS="-DPython_EXECUTABLE=$(abspath $(BIN)/python) $$CMAKE_ARGS" CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) \
 		$(PIP) --no-deps --no-build-isolation $(call extra,reference)
