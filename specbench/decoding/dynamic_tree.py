@@ -33,6 +33,7 @@ from ..models.draft_head import DraftHead, TargetParts
 from .generation import ForwardLog
 from .head_runner import EagerHeadRunner
 from .proposal import Proposal, Step, StepContext
+from .rank_tree import by_depth
 
 
 class HeadTree:
@@ -47,8 +48,7 @@ class HeadTree:
         ``DraftHead.fuse_layers``); None: a DraftHead's own, else the features as they are. template: EAGLE-1's
         static tree (rank paths in BFS order, rank_tree.parse_tree); None: EAGLE-2's dynamic tree."""
         # EAGLE-1's template by depth (levels[d-1]: its paths of length d) and the paths that have children
-        self.levels = [[tuple(p) for p in template or () if len(p) == d]
-                       for d in range(1, max(map(len, template or [[]])) + 1)]
+        self.levels = by_depth(template)
         self.inner = {tuple(p[:-1]) for p in template or ()}
         self.template = template
         self.runner = EagerHeadRunner(head, parts) if isinstance(head, DraftHead) else head

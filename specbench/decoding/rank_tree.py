@@ -14,6 +14,11 @@ from ..errors import require
 MAX_NODES = 1024  # a template larger than this is a typo (widths multiply), not a tree one forward can verify
 
 
+def by_depth(template) -> list[list[tuple[int, ...]]]:
+    """A template's paths by depth: ``[d - 1]`` holds its paths of length d, in template order ([] for None)."""
+    return [[tuple(p) for p in template or () if len(p) == d] for d in range(1, max(map(len, template or [[]])) + 1)]
+
+
 def parse_tree(tree) -> list[list[int]]:
     """``method.tree`` as rank paths in BFS order (by depth, then by ranks): per-depth widths [w_1, ..., w_D]
     become the full tree (every node at depth d−1 gets ranks 0..w_d−1); explicit paths are checked (distinct,

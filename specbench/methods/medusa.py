@@ -32,7 +32,7 @@ from ..costs import MEASURED_UP_TO
 from ..decoding.generation import ForwardLog
 from ..decoding.loop import speculative_generate
 from ..decoding.proposal import Proposal, Step, StepContext
-from ..decoding.rank_tree import parse_tree
+from ..decoding.rank_tree import by_depth, parse_tree
 from ..errors import ConfigError, positive_int, require
 from ..models.draft_head import TargetParts
 from ..models.head_artifact import head_source
@@ -51,8 +51,7 @@ class MedusaTree:
         by probability each step (module docstring)."""
         self.heads, self.parts = heads, parts
         self.top_k, self.depth, self.max_nodes = top_k, min(depth, heads.cfg.heads), max_nodes
-        self.levels = [[tuple(p) for p in template or () if len(p) == d]  # levels[d-1]: the template's depth-d paths
-                       for d in range(1, max(map(len, template or [[]])) + 1)]
+        self.levels = by_depth(template)  # levels[d-1]: the template's depth-d paths ([]: no template)
         self.dtype = next(heads.parameters()).dtype
         self.feature: torch.Tensor | None = None  # (H,) h_t: the target's feature at the last token it verified
         self.tree_nodes: list[int] = []

@@ -23,9 +23,8 @@ IGNORED = {"name"}  # the run's name is not a setting: a variant's own name is c
 
 @dataclass(frozen=True)
 class Unlike:
-    """A cell whose method is not the published run of the paper row ``paper_row``: ``keys`` differ."""
+    """A cell whose method is not the published run of its paper row: ``keys`` differ from ``preset``."""
 
-    paper_row: str
     preset: str | None  # None: no config here is the published run (the experiment's comment says why)
     keys: tuple[str, ...]
     row: str  # the row our cell gets (its own name; for a changed published preset: the name and what changed)
@@ -77,8 +76,9 @@ def unlike_published(spec: DictConfig, experiment: str, overrides: list[str], cf
         return None
     preset = presets[paper_row]
     if preset is None:
-        return Unlike(paper_row, None, (), name if name != paper_row else f"{name} [{NOT_PUBLISHED}]")
-    kept = [o for i, o in enumerate(overrides) if i not in method_overrides(overrides)]
+        return Unlike(None, (), name if name != paper_row else f"{name} [{NOT_PUBLISHED}]")
+    setting_method = method_overrides(overrides)
+    kept = [o for i, o in enumerate(overrides) if i not in setting_method]
     published = compose([f"+experiment={experiment}", *kept, f"method={preset}"])
     ours = OmegaConf.to_container(cfg.method, resolve=True)
     changed = differences(ours, OmegaConf.to_container(published.method, resolve=True))
@@ -88,4 +88,4 @@ def unlike_published(spec: DictConfig, experiment: str, overrides: list[str], cf
         row = f"{name} [{', '.join(f'{k}={short(v)}' for k, v in changed)}]"
     else:
         row = name
-    return Unlike(paper_row, preset, tuple(k for k, _ in changed) or ("name",), row)
+    return Unlike(preset, tuple(k for k, _ in changed) or ("name",), row)
