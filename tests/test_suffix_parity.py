@@ -6,7 +6,10 @@ probabilities, the same score; path mode (Arctic's and vLLM's default) and tree 
 
 Where a draft is cut by its budget, or a path mode step chooses between children of equal counts, the reference's
 choice among equals is an implementation detail (its priority queue and child order): there the test compares what
-does not depend on it (the score, the match length, the multiset of probabilities)."""
+does not depend on it (the score, the match length, the multiset of probabilities). Where two drafts tie in score,
+rounding picks one (float32 there, float64 here): only the best score is compared. Path mode where the most frequent
+children of a node tie is not compared: Arctic follows the child that reached that count last, we the smaller token
+id (a known difference, in the closing note of issue 52)."""
 import os
 
 import pytest
@@ -32,11 +35,11 @@ UNCAPPED = 10_000  # a budget no draft reaches: the whole tree above the probabi
 
 
 def paths(tokens: list[int], parents: list[int]) -> dict[tuple[int, ...], int]:
-    """Node index -> its token path from the matched node, as {path: index}."""
-    out: dict[tuple[int, ...], int] = {}
-    for i, (token, parent) in enumerate(zip(tokens, parents)):
-        out[(*(next(p for p, j in out.items() if j == parent) if parent >= 0 else ()), token)] = i
-    return out
+    """Each node's token path from the matched node, as {path: node index} (parents come before children)."""
+    path_of: list[tuple[int, ...]] = []
+    for token, parent in zip(tokens, parents):
+        path_of.append((*(path_of[parent] if parent >= 0 else ()), token))
+    return {path: i for i, path in enumerate(path_of)}
 
 
 def reference_draft(previous, prompt, output, depth, budget, factor, floor, tree):
@@ -63,8 +66,9 @@ def our_draft(pair, previous, prompt, output, depth, budget, factor, floor, tree
     proposer = method.make_proposer(prompt)
     proposer.local_active = proposer.local.extend(proposer.local_active, output)
     method.append_output(proposer.entry, output)
-    draft, _ = proposer.choose(StepContext(prompt + output, 0, 10 ** 6, set(), Sampler()))
-    return draft
+    context = StepContext(prompt + output, 0, 10 ** 6, set(), Sampler())
+    draft, _ = proposer.choose(context)
+    return draft, [d for _, tree in proposer.trees() for d in proposer.drafts(tree, context)]  # every candidate
 
 
 tokens = st.lists(st.integers(0, 4), max_size=24)
@@ -85,17 +89,30 @@ cases = st.fixed_dictionaries({
 def test_our_draft_is_arctic_inferences(case):
     pair = pair_for("llama", 0.05)
     ref = reference_draft(**case)
-    ours = our_draft(pair, **case)
-    assert len(ours.tokens) == len(ref.token_ids), (ours, ref)
+    ours, candidates = our_draft(pair, **case)
+    assert bool(ours.tokens) == bool(ref.token_ids), (ours, ref)
     if not ours.tokens:
         return
-    assert ours.match_len == ref.match_len and ours.score == pytest.approx(ref.score, abs=1e-6), (ours, ref)
+    if not case["tree"] and not all(unique_choices(d.probs) for d in candidates):
+        # path mode at a node whose most frequent children tie: each side follows its own (ours the smaller token
+        # id; Arctic the child that reached that count last), and the rest of the path, its score, follow from it
+        return
+    # the best score, whatever breaks ties (the reference sums its float32 probabilities: 1e-6 per ~10 nodes)
+    assert ours.score == pytest.approx(ref.score, rel=1e-5, abs=1e-6), (ours, ref)
+    scores = sorted((d.score for d in candidates), reverse=True)
+    if len(scores) > 1 and scores[0] - scores[1] < 1e-5 * scores[0]:
+        # drafts of equal score (of two match lengths, or of both trees): which one wins is decided by rounding, ours
+        # in float64 and the reference's in float32 (0.5 + 1/3 + 1/6 falls below 1.0 in one and not the other)
+        return
+    assert len(ours.tokens) == len(ref.token_ids), (ours, ref)
+    assert ours.match_len == ref.match_len, (ours, ref)
     assert sorted(ours.probs) == pytest.approx(sorted(ref.probs), abs=1e-6), (ours, ref)
-    if case["tree"] and case["budget"] == UNCAPPED and case["factor"] == 64.0:  # every node above the floor
+    if case["tree"] and case["budget"] == UNCAPPED and len(ours.tokens) < case["factor"] * ours.match_len:
+        # nothing cut the draft (neither the budget nor ⌊α·m⌋): every node above the floor, a unique tree
         ref_paths, our_paths = paths(ref.token_ids, ref.parents), paths(ours.tokens, ours.parents)
         assert set(our_paths) == set(ref_paths)
         assert all(ours.probs[our_paths[p]] == pytest.approx(ref.probs[ref_paths[p]], abs=1e-6) for p in our_paths)
-    if not case["tree"] and unique_choices(ref.probs):  # path mode, no step chose between equal children
+    if not case["tree"]:  # path mode with no tie on the way (above): the same tokens
         assert ours.tokens == ref.token_ids
 
 
@@ -115,8 +132,18 @@ def test_a_hand_built_history_gives_the_references_draft():
     want = {(12,): 2 / 3, (12, 13): 1 / 3, (12, 15): 1 / 3, (12, 13, 14): 1 / 3, (12, 13, 14, 10): 1 / 3,
             (12, 13, 14, 10, 11): 1 / 3, (12, 13, 14, 10, 11, 12): 1 / 3, (12, 13, 14, 10, 11, 12, 15): 1 / 3}
     args = (previous, [7, 8, 9], [10, 11], 64, UNCAPPED, 64.0, 0.1, True)
-    ref, ours = reference_draft(*args), our_draft(pair, *args)
+    ref, (ours, _) = reference_draft(*args), our_draft(pair, *args)
     assert (ours.match_len, ref.match_len) == (2, 2) and ours.score == pytest.approx(3.0) == ref.score
     for draft_paths, probs in ((paths(ours.tokens, ours.parents), ours.probs),
                                (paths(ref.token_ids, ref.parents), ref.probs)):
         assert {path: probs[i] for path, i in draft_paths.items()} == pytest.approx(want)
+
+
+def test_a_tie_between_the_trees_keeps_the_requests_own_draft():
+    """Exact halves, so no rounding decides: after "5" the request's tree (prompt 5 7 5) drafts 7 at 1/2 and the
+    global one (an earlier output 5 6 5) drafts 6 at 1/2; one node each (α·m = 1). Both keep the request's."""
+    pair = pair_for("llama", 0.05)
+    args = ([([1, 2], [5, 6, 5])], [5, 7, 5], [], 64, 8, 1.0, 0.1, True)
+    ref, (ours, candidates) = reference_draft(*args), our_draft(pair, *args)
+    assert [d.score for d in candidates] == [0.5, 0.5]
+    assert (ours.tokens, ours.score) == (ref.token_ids, ref.score) == ([7], 0.5)

@@ -32,7 +32,7 @@ draft) and tree_nodes; global_entries / global_nodes at the end.
 from __future__ import annotations
 
 from collections import Counter
-from typing import Sequence
+from typing import Iterator, Sequence
 
 from ..decoding.proposal import Proposal, Step, StepContext
 from ..decoding.suffix_tree import Draft, SuffixTree, speculate
@@ -57,12 +57,15 @@ class SuffixProposer:
         """The best draft of the per-request and the global tree, and which ("local" / "global"; None: no draft).
         As Arctic Inference: the global tree's wins only with a higher score (a tie keeps the per-request one)."""
         best, source = Draft(), None
-        trees = [("local", self.local)] + ([("global", self.method.global_tree)] if self.entry is not None else [])
-        for name, tree in trees:
+        for name, tree in self.trees():
             draft = self.best_draft(tree, context)
             if draft.tokens and (source is None or draft.score > best.score):
                 best, source = draft, name
         return best, source
+
+    def trees(self) -> list[tuple[str, SuffixTree]]:
+        """The trees a draft may come from: the request's own, then the global one (when the method keeps one)."""
+        return [("local", self.local)] + ([("global", self.method.global_tree)] if self.entry is not None else [])
 
     def propose(self, context: StepContext) -> Proposal:
         best, source = self.choose(context)
@@ -74,10 +77,17 @@ class SuffixProposer:
         return Proposal(best.tokens, best.parents)
 
     def best_draft(self, tree: SuffixTree, context: StepContext) -> Draft:
-        """Of the matches of lengths min_match..min(len - 1, D - 1) (while the last m tokens are a path), the best
-        draft; ties: the longer match."""
-        m_ = self.method
+        """Of the drafts of ``tree`` (``drafts``), the best by score; ties: the longer match."""
         best = Draft()
+        for draft in self.drafts(tree, context):
+            if draft.score >= best.score:  # ties: the longer match (the drafts come shortest match first)
+                best = draft
+        return best
+
+    def drafts(self, tree: SuffixTree, context: StepContext) -> Iterator[Draft]:
+        """The non-empty draft of each match length min_match..min(len - 1, D - 1), shortest first, while the last
+        m tokens are a path of ``tree``."""
+        m_ = self.method
         tokens = context.tokens
         for m in range(1, min(len(tokens), m_.max_depth)):  # never the whole context (Arctic's loop neither)
             node = tree.match(tokens, m)
@@ -88,9 +98,8 @@ class SuffixProposer:
                 continue
             draft = speculate(node, cap, m_.min_token_prob, context.room, context.eos_ids, m_.tree)
             draft.match_len = m
-            if draft.tokens and draft.score >= best.score:  # ties: the longer match
-                best = draft
-        return best
+            if draft.tokens:
+                yield draft
 
     def observe(self, step: Step) -> None:
         kept = step.emitted[:step.kept]
