@@ -77,15 +77,16 @@ $(LLAMA_STAMP): $(LLAMA_BUILT) $(STAMP)
 	$(BIN)/python -c "import llama_cpp; print('llama.cpp:', llama_cpp.llama_print_system_info().decode())"
 	touch $(LLAMA_STAMP)
 
-$(REF_STAMP): pyproject.toml $(LOCK) $(STAMP)
+$(REF_STAMP): pyproject.toml $(LOCK) $(VLLM_STAMP)  # speculators imports packages vLLM brings
 	# arctic-inference is a source package: only its suffix-tree extension (C++, nanobind) is compiled, ~1 min. No
 	# build isolation: an isolated build would fetch a torch of its own (a CUDA one); CMake is pointed at this venv's
 	# Python (its FindPython would take the first python3 on the PATH, which lacks nanobind). The vLLM plugin it
-	# registers does nothing unless ARCTIC_INFERENCE_ENABLED is set (engine=vllm runs unpatched vLLM)
+	# registers does nothing unless ARCTIC_INFERENCE_ENABLED is set (engine=vllm runs unpatched vLLM). speculators
+# (EAGLE-3 in vLLM's format) installs without its declared dependencies (pyproject.toml says why)
 	$(PIP) $(call extra,reference-build)
 	CMAKE_ARGS="-DPython_EXECUTABLE=$(abspath $(BIN)/python) $$CMAKE_ARGS" CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) \
 		$(PIP) --no-deps --no-build-isolation $(call extra,reference)
-	$(BIN)/python -c "from arctic_inference.suffix_decoding import SuffixDecodingCache"
+	$(BIN)/python -c "from arctic_inference.suffix_decoding import SuffixDecodingCache; import speculators.models.eagle3"
 	touch $(REF_STAMP)
 
 references: $(REF_STAMP) ## Add the reference implementations the parity tests compare with (part of make install)

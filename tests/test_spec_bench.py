@@ -192,8 +192,8 @@ def test_a_row_is_set_beside_the_papers_only_when_it_runs_the_published_preset(t
     transformers' occurrence rule, not Spec-Bench's) get rows of their own, labelled, the paper column saying
     "different settings"; the paper's rows keep their numbers."""
     records = tmp_path / "records"
-    sweep = ["method=token_recycling_cpu,prompt_lookup,speculative_spec_bench", f"runner.records_dir={records}"]
-    for method in ("token_recycling_cpu", "prompt_lookup", "speculative_spec_bench"):
+    sweep = ["method=token_recycling_cpu,prompt_lookup,speculative_spec_bench,hydra", f"runner.records_dir={records}"]
+    for method in ("token_recycling_cpu", "prompt_lookup", "speculative_spec_bench", "hydra"):
         write_run(config(records, f"method={method}"), [("241", "summarization", 0.5, 1.0, [1, 3, 3, 3])], 1e6)
     result = render_experiment("spec_bench", sweep, out=tmp_path / "reports")
     rows = rows_of(result["table"])
@@ -209,6 +209,10 @@ def test_a_row_is_set_beside_the_papers_only_when_it_runs_the_published_preset(t
     assert rows[("Summarization", "Token Recycling")]["(ours) speed-up"] == "not in this sweep"
     assert rows[("Summarization", "SpS")]["(paper) speed-up"] == "1.71×"  # the published preset: beside the paper
     assert rows[("Summarization", "SpS")]["(ours) speed-up"].startswith("2.00×")
+    hydra = rows[("Summarization", "Hydra [MLP heads, not Hydra++]")]  # a null preset: what ours is, in its label
+    assert hydra["(paper) speed-up"] == "different settings (no config here is the published run)"
+    assert rows[("Summarization", "Hydra")]["(paper) speed-up"] != "different settings (no config here is the " \
+        "published run)"
     assert "paper columns say 'different settings'" in result["markdown"]
 
 

@@ -58,7 +58,7 @@ class FeatureHeadMethod(ProposerMethod):
         self.check_blocks()  # here: a ConfigOnlyPair stops the early build at the next line
         target = pair.target  # a ConfigOnlyPair stops the early build here: the rest needs the loaded pair
         self.artifact = load_head(head, kind, local_files_only)
-        if kind == "eagle3" and "published" in self.artifact.provenance:  # its layers are the target's 2, L/2, L-3
+        if kind == "eagle3" and self.artifact.provenance.get("feature_layers") == "target's":  # 2, L/2, L-3
             self.artifact.config.feature_layers = eagle3_layers(target.config.num_hidden_layers)
         HeadConfig.for_target(target.config, kind)  # a target no head can draft for (GPT-2) is named first
         self.artifact.check_target(target.config)

@@ -13,7 +13,9 @@ logits lm_head(F̂_{t+1}) rank x_{t+2}. The target's embeddings and lm_head are 
   over the draft vocabulary (no feature regression: it is trained on tokens alone, models/eagle3.py); later
   steps read the head's own output in place of g. Published EAGLE-3 heads have another layer input
   (``fusion: norm_concat``: attention reads [norm(e); norm(g)], 2H, its residual is g) and their own final norm
-  and lm_head over the draft vocabulary (``final_norm``; the lm_head rows go to TargetParts): loaded, not trained.
+  and lm_head over the draft vocabulary (``final_norm``; the lm_head rows go to TargetParts): loaded, or trained
+  here with the target's lm_head rows frozen (conf/head/eagle3_published.yaml); both save and load in the
+  ``speculators`` format vLLM reads (models/speculators_format.py).
 - GRIFFIN: token-guided fusion (TGF) instead of ``fc``: u = fc([e; F]); h = u + down(silu(up([norm(u); norm(e)])))
   (up 2H -> 3H, down 3H -> H; N an RMSNorm); and a dual head (TEH): the layer's MLP projects to 2H, split into the
   *predict* feature (-> lm_head) and the *regress* feature (-> the next step's input F̂): with the layer's
@@ -70,6 +72,9 @@ class HeadConfig:
         self.feature_layers = [int(i) for i in self.feature_layers]
         if self.layer_norm and self.kind != "eagle3":
             raise ValueError("layer_norm normalizes fc3's fused low/mid/high features: eagle3 heads only")
+        if self.fusion == "norm_concat" and (self.kind != "eagle3" or self.layer_norm or self.dual):
+            raise ValueError("fusion norm_concat is EAGLE-3's layer: kind eagle3, no layer_norm (its hidden_norm "
+                             "normalizes g) and no dual head")
         if self.kind == "eagle3" and len(self.feature_layers) != 3:
             raise ValueError(f"an eagle3 head fuses three layers (low, mid, high), got {self.feature_layers}")
 
@@ -328,7 +333,9 @@ class DraftHead(nn.Module):
     def init_from_target(self, target: nn.Module, seed: int = 0, std: float = 0.02) -> "DraftHead":
         """Start from the target's last decoder layer instead of noise (``head.init: target_layer``): its
         attention, MLP and post-attention norm (a dual head's 2H MLP output gets the down projection twice), and
-        a fusion fc that passes the feature through (fc([e; F]) = F); the rest (TGF's MLP) as ``init_weights``.
+        a fusion fc that passes the feature through (fc([e; F]) = F), or for EAGLE-3's norm-concat layer q/k/v
+        that read norm(g) alone ([0 | W]) with the layer's input norm as hidden_norm; the rest (TGF's MLP) as
+        ``init_weights``.
         With a few hundred training sequences this starts the head from a layer that already reads the
         target's features instead of learning one from scratch."""
         self.init_weights(seed, std)
@@ -340,8 +347,11 @@ class DraftHead(nn.Module):
             pairs = [(getattr(self.self_attn, n), getattr(layer.self_attn, n)) for n in ("q_proj", "k_proj", "v_proj",
                                                                                        "o_proj")]
             pairs += [(getattr(self.mlp, n), getattr(layer.mlp, n)) for n in ("gate_proj", "up_proj", "down_proj")]
+            concat = self.cfg.fusion == "norm_concat"  # q/k/v read [norm(e); norm(g)]: the target's on norm(g)
             for mine, theirs in pairs:
                 weight = linear_weight(theirs).float()
+                if concat and mine in (self.self_attn.q_proj, self.self_attn.k_proj, self.self_attn.v_proj):
+                    weight = torch.cat([torch.zeros_like(weight), weight], 1)  # (out, 2H): the token's half at 0
                 if mine.weight.shape[1] != weight.shape[1] or mine.weight.shape[0] % weight.shape[0]:
                     raise ConfigError(f"head.init: target_layer: the head's {tuple(mine.weight.shape)} weight cannot "
                                       f"start from the target's {tuple(weight.shape)} (head.intermediate_size must "
@@ -357,6 +367,9 @@ class DraftHead(nn.Module):
             for norm in (getattr(self, "layer_norm", None), getattr(self, "norm", None)):
                 if norm is not None and final is not None:
                     norm.weight.copy_(final.weight.float())
+            if concat:  # norm(g) as the target's last layer normalizes its input
+                self.fusion.hidden_norm.weight.copy_(layer.input_layernorm.weight.float())
+                return self
             fc = self.fusion.fc
             fc.weight.zero_()
             fc.weight[:, h:] = torch.eye(h)

@@ -27,6 +27,7 @@ from ..errors import ConfigError, require
 from .draft_head import KINDS, DraftHead, HeadConfig
 from .files import sha256_of as sha256_file
 from .head_names import head_location
+from .speculators_format import is_speculators, read_speculators
 
 CONFIG_FILE, WEIGHTS_FILE = "head.json", "head.safetensors"
 FEATURE_HEAD_METHOD = "specbench.methods.feature_head.FeatureHeadMethod"
@@ -152,6 +153,8 @@ def recorded_sha256(method: dict) -> str | None:
     head = located(method).get("head")
     if not isinstance(head, str) or method.get("_target_") not in HEAD_METHODS:
         return None
+    if is_speculators(Path(head).expanduser()):
+        return weights_digest(Path(head).expanduser())
     path = Path(head).expanduser() / CONFIG_FILE
     if not path.is_file():
         return None
@@ -165,6 +168,8 @@ def looks_like_hub_id(name: str) -> bool:
 def load_head(name: str, kind: str, local_files_only: bool = True, key: str = "method.head") -> HeadArtifact:
     """Our artifact directory, or a published EAGLE-format head by Hugging Face id (kind: the method's)."""
     path = Path(name).expanduser()
+    if is_speculators(path):  # a speculators EAGLE-3 checkpoint on disk (vLLM's format)
+        return speculators_artifact(path, str(path), kind, key)
     if (path / CONFIG_FILE).exists() or not looks_like_hub_id(name):
         artifact = load_local(path, key)
         if artifact.config.kind != kind:
@@ -186,6 +191,8 @@ def load_published(repo_id: str, kind: str, local_files_only: bool, key: str) ->
         raise ConfigError(f"{key}: {repo_id} is not in the local Hugging Face cache and hub access is off; set "
                           "method.local_files_only=false on a machine with hub access (or HF_HUB_OFFLINE unset), "
                           "or pass a local directory") from None
+    if is_speculators(directory):
+        return speculators_artifact(directory, repo_id, kind, key)
     config = AutoConfig.from_pretrained(directory)  # the head's own (its attention may differ from the target's)
     state = read_state(directory)
     if kind == "eagle3":
@@ -212,7 +219,17 @@ def published_eagle3(repo_id: str, directory: Path, config, state: dict, key: st
     head_config = HeadConfig.for_target(config, "eagle3", fusion="norm_concat", final_norm=True,
                                         draft_vocab_size=len(d2t))
     return HeadArtifact(head_config, published_state(state, "eagle3"), weights_digest(directory), repo_id,
-                        {"published": repo_id}, draft_ids=draft_ids, lm_head=lm_head)
+                        {"published": repo_id, "feature_layers": "target's"}, draft_ids=draft_ids, lm_head=lm_head)
+
+
+def speculators_artifact(directory: Path, source: str, kind: str, key: str) -> HeadArtifact:
+    """A speculators-format EAGLE-3 checkpoint (models/speculators_format.py), local or from the hub cache."""
+    if kind != "eagle3":
+        raise ConfigError(f"{key}: {source} is a speculators EAGLE-3 checkpoint; method=eagle3 runs it, not {kind}")
+    config, state, lm_head, draft_ids, named = read_speculators(directory, key)
+    provenance = {"speculators": source, **({} if named else {"feature_layers": "target's"})}
+    return HeadArtifact(config, state, weights_digest(directory), source, provenance, draft_ids=draft_ids,
+                        lm_head=lm_head)
 
 
 def read_state(directory: Path) -> dict:
@@ -272,6 +289,7 @@ def head_source(head: str | None, heads_dir: str | None, needs: str) -> str:
     or a local one is missing, before any model loads."""
     require(isinstance(head, str) and head.strip() != "", "method.head", needs)
     head = head_location(head, heads_dir)
-    if not looks_like_hub_id(head) and not (Path(head).expanduser() / CONFIG_FILE).is_file():
+    local = Path(head).expanduser()
+    if not looks_like_hub_id(head) and not (local / CONFIG_FILE).is_file() and not is_speculators(local):
         raise missing(Path(head).expanduser(), "method.head")
     return head

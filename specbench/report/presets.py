@@ -75,8 +75,9 @@ def unlike_published(spec: DictConfig, experiment: str, overrides: list[str], cf
     if paper_row is None or paper_row not in presets:
         return None
     preset = presets[paper_row]
-    if preset is None:
-        return Unlike(None, (), name if name != paper_row else f"{name} [{NOT_PUBLISHED}]")
+    if preset is None:  # the row says what ours is instead (experiment.not_published), or that it is not the paper's
+        ours = dict(spec.get("not_published") or {}).get(paper_row) or NOT_PUBLISHED
+        return Unlike(None, (), name if name != paper_row else f"{name} [{ours}]")
     setting_method = method_overrides(overrides)
     kept = [o for i, o in enumerate(overrides) if i not in setting_method]
     published = compose([f"+experiment={experiment}", *kept, f"method={preset}"])

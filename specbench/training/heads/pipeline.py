@@ -37,6 +37,7 @@ from ...models.draft_head import DraftHead, HeadConfig, TargetParts, parameter_c
 from ...models.head_artifact import CONFIG_FILE, WEIGHTS_FILE, load_local, save_head
 from ...models.medusa_heads import KINDS as MEDUSA_KINDS
 from ...models.medusa_heads import MedusaConfig, MedusaHeads, load_medusa, save_medusa
+from ...models.speculators_format import exportable, save_speculators
 from .extract import extract, load_sequences
 from .eagle3 import chain_accuracy, train_eagle3_stage
 from .medusa import evaluate_medusa, train_medusa_stage
@@ -44,7 +45,7 @@ from .sharegpt import package_file, training_conversations
 from .train import (StageRun, TrainSettings, check_predecessor, draft_vocabulary, evaluate, flushed_denormals,
                     keep_freed_memory, split, target_to_draft, write_json)
 
-STAGES = ("extract", "train", "evaluate")
+STAGES = ("extract", "train", "evaluate", "export")  # export: EAGLE-3 heads of the released layout only
 ANSWERS = ("target", "dataset")  # data.answers: the target's greedy regeneration, or the conversations' replies
 INITS = ("random", "target_layer")  # head.init: noise, or the target's last decoder layer (DraftHead.init_from_target)
 
@@ -187,6 +188,29 @@ class HeadPipeline:
             f"answers: {source}")
         extract(self.pair, prompts, self.data_dir, self.data["max_new_tokens"], self.data["batch_size"],
                 self.data["max_prompt_tokens"], self.data_identity(), log)
+
+    def export(self) -> None:
+        """The final head in the speculators format (models/speculators_format.py) under <head>/speculators/: what
+        vLLM's ``speculative_config`` names as its model. With stage=all, only heads of that layout are written."""
+        if not (self.head_dir / CONFIG_FILE).is_file():
+            raise ConfigError(f"stage=export: no trained head at {self.head_dir} (run stage=train first)")
+        problem = (f"a {self.head_cfg['kind']} head" if self.medusa
+                   else exportable(HeadConfig(**json.loads((self.head_dir / CONFIG_FILE).read_text())["config"])))
+        if problem:
+            require(self.cfg.stage == "all", "stage", f"export writes EAGLE-3 heads of the released layout; "
+                    f"{self.head_dir} is {problem}")
+            return
+        artifact = load_local(self.head_dir, "head")
+        target = self.pair.target
+        parts = TargetParts.of(target, artifact.draft_ids, torch.float32)
+        out = self.head_dir / "speculators"
+        save_speculators(out, artifact.build(torch.float32), parts.lm_head_weight, artifact.draft_ids,
+                         parts.embed_weight, verifier=target.config._name_or_path or self.model_cfg.name,
+                         verifier_architecture=(target.config.architectures or ["LlamaForCausalLM"])[0],
+                         max_positions=target.config.max_position_embeddings,
+                         provenance={"head": str(self.head_dir), "sha256": artifact.sha256})
+        log(f"[heads] speculators format: {out} (vLLM: speculative_config={{\"model\": \"{out}\", "
+            "\"method\": \"eagle3\"}; here: method=eagle3 method.head=<that directory>)")
 
     def train(self) -> None:
         identity = self.train_identity()
