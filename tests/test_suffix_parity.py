@@ -116,6 +116,15 @@ def test_our_draft_is_arctic_inferences(case):
         assert ours.tokens == ref.token_ids
 
 
+def test_a_node_exactly_at_the_floor_is_drafted_as_the_reference_drafts_it():
+    """0.5 x 1/5 is 0.1, the floor, but rounds to just below it in float64 (hypothesis found it): both keep it."""
+    pair = pair_for("llama", 0.05)
+    args = ([([], [0, 0, 1, 0, 1, 0]), ([], [0, 0, 0, 1, 0, 1, 0, 1, 0])], [0, 0], [], 3, 8, 64.0, 0.1, True)
+    ref, (ours, _) = reference_draft(*args), our_draft(pair, *args)
+    assert sorted(ours.probs) == pytest.approx(sorted(ref.probs), abs=1e-6) and len(ref.probs) == 5
+    assert min(ours.probs) == pytest.approx(0.1) and ours.score == pytest.approx(ref.score, rel=1e-6)
+
+
 def unique_choices(probs: list[float]) -> bool:
     """A path whose every step took more than half of its parent's occurrences had no equal sibling to choose."""
     ratios = [probs[0]] + [b / a for a, b in zip(probs, probs[1:])]

@@ -116,6 +116,11 @@ class Draft:
     match_len: int = 0
 
 
+# a product of count ratios equal to the floor (0.5 x 1/5 = 0.1) can round just below it in float64: it is kept, as
+# Arctic Inference keeps it (its float32 rounds it up; tests/test_suffix_parity.py found the case)
+FLOOR_ROUNDING = 1 - 1e-9
+
+
 def speculate(matched: Node, max_tokens: int, min_token_prob: float, room: int, eos_ids: set[int],
               tree: bool = True) -> Draft:
     """The frequency-scored speculation tree below ``matched`` (module docstring)."""
@@ -130,7 +135,7 @@ def speculate(matched: Node, max_tokens: int, min_token_prob: float, room: int, 
         ranked = sorted(node.children.items(), key=lambda kv: (-kv[1].count, kv[0]))  # most frequent first
         for token, child in ranked[:None if tree else 1]:
             p = prob * child.count / node.count
-            if p >= min_token_prob:
+            if p >= min_token_prob * FLOOR_ROUNDING:
                 heapq.heappush(frontier, (-p, order, child, token, parent, depth + 1))
                 order += 1
 
