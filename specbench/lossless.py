@@ -26,7 +26,10 @@ that fed k tokens is ``TOLERANCE_FACTOR`` times the largest pair disagreement ca
 >= k (both masks): a high quantile of the right statistic (the calibration's largest of thousands of samples) with
 room for its tail, not 4x the largest single-logit difference over the whole vocabulary, which on llama.cpp Q4 was
 2.48 logits, wide enough to pass a second-best token. The calibration is cached per (pair, weights, dtype, linear
-kernel, threads, torch, device and its name) under ``$SPECBENCH_CACHE/noise/``.
+kernel, threads, torch, device and its name) under ``$SPECBENCH_CACHE/noise/``. A run first calibrates on the first
+text alone (a sixth of the cost; the full one takes minutes for a float32 1.5B target on one core): a largest value over
+fewer samples is never larger, so a check that passes under it passes under the full calibration, and only a check
+that does not pays for the full one (``LosslessCheck._passing``); the verdicts are the full calibration's.
 """
 from __future__ import annotations
 
@@ -63,6 +66,7 @@ POSITIONS = 64  # greedy positions per calibration text: long enough for the noi
 PAIR_RANKS = 15  # pair disagreements per position: the step row's argmax against each of its next 15 tokens
 TOLERANCE_FACTOR = 1.5  # tolerance = 1.5 x the largest calibrated pair disagreement (docs/design.md says why)
 NOISE_VERSION = 2  # 2: pair disagreements per block (1: the largest single-logit difference, 4x)
+QUICK_TEXTS = 1  # a first calibration on the first text alone, enough to pass what passes (LosslessCheck._passing)
 
 
 @dataclass
@@ -184,7 +188,8 @@ def as_computed(record):
     return {key: as_computed(value) for key, value in record.items() if key not in CHOICE_KEYS}
 
 
-def noise_cache_path(pair, threads: int) -> Path:
+def noise_cache_path(pair, threads: int, texts: int | None = None) -> Path:
+    """``texts``: a calibration on the first ``texts`` calibration texts only (None: all of them)."""
     from .models.files import cache_root
 
     # the profile is the target's alone: what the pair says of its draft (loaded or not) must not split the cache
@@ -193,19 +198,22 @@ def noise_cache_path(pair, threads: int) -> Path:
                 **({"execution": as_computed(pair.execution.as_record())} if pair.execution.static else {}),
                 "threads": threads, "torch": torch.__version__, "device": str(pair.device),
                 "device_name": device_name(pair.device), "weights": fingerprint(pair.target),
-                "calibration": NOISE_VERSION}
+                "calibration": NOISE_VERSION, **({} if texts is None else {"texts": texts})}
     digest = hashlib.sha1(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:16]
     return cache_root() / "noise" / f"{pair.name}-{pair.dtype}-{digest}.json"
 
 
-def noise_profile(pair, threads: int) -> NoiseProfile:
-    """The pair's measured noise, from the cache or measured now (seconds on a CPU; outside any timed region)."""
-    path = noise_cache_path(pair, threads)
+def noise_profile(pair, threads: int, texts: int | None = None) -> NoiseProfile:
+    """The pair's measured noise, from the cache or measured now (seconds to minutes on a CPU; outside any timed
+    region), on every calibration text or the first ``texts``."""
+    path = noise_cache_path(pair, threads, texts)
     if path.exists():
         return NoiseProfile(**json.loads(path.read_text()))
-    print(f"[specbench] measuring the target's logit noise between one-token and block forwards ({pair.dtype}); "
-          "once per pair, dtype and machine", file=sys.stderr)
-    prompts = [pair.encode(text) for text in CALIBRATION_TEXTS]  # as the runs encode them (the pair's template)
+    chosen = CALIBRATION_TEXTS[:texts]
+    print(f"[specbench] measuring the target's logit noise between one-token and block forwards ({pair.dtype}, "
+          f"{len(chosen)} of {len(CALIBRATION_TEXTS)} calibration texts); once per pair, dtype and machine",
+          file=sys.stderr)
+    prompts = [pair.encode(text) for text in chosen]  # as the runs encode them (the pair's template)
     profile = measure_noise(pair, prompts)
     write_json(path, asdict(profile))
     return profile
@@ -325,12 +333,31 @@ class LosslessCheck:
     def __init__(self, pair, threads: int):
         self.pair, self.threads = pair, threads
         self._profile: NoiseProfile | None = None
+        self._first: NoiseProfile | None = None
 
     @property
     def profile(self) -> NoiseProfile:
+        """The full calibration (every calibration text)."""
         if self._profile is None:
             self._profile = noise_profile(self.pair, self.threads)
         return self._profile
+
+    def _passing(self) -> NoiseProfile:
+        """The calibration a check may pass on: the full one where it is measured (here or cached), else the one on
+        the first calibration text (QUICK_TEXTS), a sixth of the cost. Each of its tolerances is at most the full
+        one's (a largest value over a subset of the same samples, measured alike), so what passes under it passes
+        under the full one; what does not is judged on the full calibration, measured then (``_judged``). The
+        verdicts are the full calibration's either way; ``calibration_positions`` says which one decided."""
+        if self._profile is not None or noise_cache_path(self.pair, self.threads).exists():
+            return self.profile
+        if self._first is None:
+            self._first = noise_profile(self.pair, self.threads, QUICK_TEXTS)
+        return self._first
+
+    def _judged(self, fails) -> NoiseProfile:
+        """The first calibration under which ``fails(profile)`` is False, the full one at the latest."""
+        profile = self._passing()
+        return profile if profile is self._profile or not fails(profile) else self.profile
 
     @torch.inference_mode()
     def classify(self, prompt_ids: list[int], greedy, method) -> dict:
@@ -344,7 +371,10 @@ class LosslessCheck:
                     "reason": "a token its own forward did not rank first", "own_forward": own}
         result = first_difference(greedy.output_ids, method.output_ids)
         shared = result.get("index", len(method.output_ids))
-        agreed = agreement(greedy, method, shared, self.profile)
+        profile = self._judged(lambda p: (agreement(greedy, method, shared, p) or {"ratio": 0})["ratio"] > 1)
+        agreed = agreement(greedy, method, shared, profile)
+        if agreed is not None:
+            agreed["calibration_positions"] = profile.positions
         if agreed is not None and agreed["ratio"] > 1:
             return {"verdict": MISMATCH, "check": "agreement", "index": agreed["index"], "agreement": agreed,
                     "reason": "its forward disagreed with greedy's beyond the measured noise where both chose the "
@@ -369,8 +399,9 @@ class LosslessCheck:
             gap_method, method_exact = 0.0, False
         block = theirs.block if theirs is not None else None
         gap = gap_greedy + gap_method
-        tolerance = self.profile.tolerance(block)
-        result.update(check="divergence", gap=gap, gap_greedy=gap_greedy,
+        profile = self._judged(lambda p: gap > p.tolerance(block))
+        tolerance = profile.tolerance(block)
+        result.update(check="divergence", gap=gap, gap_greedy=gap_greedy, calibration_positions=profile.positions,
                       gap_method=gap_method if theirs is not None else None, exact=greedy_exact and method_exact,
                       greedy_row=greedy_row, method_row="kept" if theirs is not None else "not recorded", block=block,
                       tolerance=tolerance, verdict=NEAR_TIE if gap <= tolerance else MISMATCH)

@@ -170,6 +170,32 @@ def test_every_planted_bug_is_a_mismatch_and_the_correct_method_is_not(tiny_pair
             assert all(v["check"] == "own_forward" for v in found)
 
 
+def test_what_passes_on_the_first_text_calibration_needs_no_more_and_a_bug_is_judged_on_the_full_one(
+        tiny_pairs, tmp_path, monkeypatch):
+    """A correct method passes on the calibration of the first text alone (the full one is never measured); a
+    planted bug's check does not pass there, so it is judged on the full calibration, with the verdict a check
+    given only the full calibration reaches; every tolerance of the first-text calibration is at most the full's."""
+    from specbench.lossless import QUICK_TEXTS, noise_profile
+
+    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path))
+    pair = tiny_pairs["float32"]
+    full_path, first_path = noise_cache_path(pair, 1), noise_cache_path(pair, 1, QUICK_TEXTS)
+    check = LosslessCheck(pair, threads=1)
+    monkeypatch.setattr("torch.get_num_threads", lambda: 1)  # verdicts() builds its check at the test's threads
+    correct = verdicts(pair, lambda: SpeculativeDecoding(pair, "speculative", gamma=4), None, TINY_PROMPTS, 24)
+    assert all(v["verdict"] != MISMATCH for v in correct) and first_path.exists() and not full_path.exists()
+    assert {v["agreement"]["calibration_positions"] for v in correct if "agreement" in v} == {64}
+    buggy = verdicts(pair, lambda: SpeculativeDecoding(pair, "speculative", gamma=4), "stale_kv", TINY_PROMPTS, 24)
+    assert full_path.exists() and [v["verdict"] for v in buggy] == [MISMATCH] * len(TINY_PROMPTS)
+    first, full = noise_profile(pair, 1, QUICK_TEXTS), check.profile
+    assert all(first.tolerance(k) <= full.tolerance(k) for k in (1, 2, 4, 8, 32, None))
+    assert full.positions == 6 * first.positions
+    full_path.unlink(), first_path.unlink()  # the full calibration only: the same verdicts
+    monkeypatch.setattr("specbench.lossless.QUICK_TEXTS", None)
+    assert [v["verdict"] for v in verdicts(pair, lambda: SpeculativeDecoding(pair, "speculative", gamma=4),
+                                           "stale_kv", TINY_PROMPTS, 24)] == [v["verdict"] for v in buggy]
+
+
 def test_without_the_methods_rows_only_greedys_preference_is_weighed(tied_pair, tmp_path, monkeypatch):
     """hf_assisted's generate() keeps no rows: the divergence is judged on greedy's preference alone (a lower bound
     of the disagreement), said in the verdict."""
