@@ -1,10 +1,12 @@
 """Where specbench keeps what it derives from model files (assembled GGUF files, conversions, tokenizers, noise
-measurements, file digests): ``$SPECBENCH_CACHE``, else ~/.cache/specbench; and a file's sha256."""
+measurements, file digests): ``$SPECBENCH_CACHE``, else ~/.cache/specbench; a file's sha256; a checkpoint's tensors."""
 from __future__ import annotations
 
 import hashlib
 import os
 from pathlib import Path
+
+from ..errors import ConfigError
 
 
 def cache_root() -> Path:
@@ -40,3 +42,24 @@ def publish(staged: Path, dest: Path) -> Path:
     if staged.exists():
         shutil.rmtree(staged) if staged.is_dir() else staged.unlink()
     return dest
+
+
+def read_weights(directory: Path) -> dict:
+    """Every tensor of a checkpoint directory: its .safetensors files, else its .bin files (ConfigError naming
+    method.head when it has neither)."""
+    files = sorted(directory.glob("*.safetensors"))
+    if files:
+        from safetensors.torch import load_file
+        state = {}
+        for f in files:
+            state.update(load_file(str(f)))
+        return state
+    files = sorted(directory.glob("*.bin"))
+    if not files:
+        raise ConfigError(f"method.head: {directory} holds no .safetensors or .bin weights")
+    import torch
+
+    state = {}
+    for f in files:
+        state.update(torch.load(f, map_location="cpu", weights_only=True))
+    return state

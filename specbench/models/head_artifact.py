@@ -25,6 +25,7 @@ import torch
 
 from ..errors import ConfigError, require
 from .draft_head import KINDS, DraftHead, HeadConfig
+from .files import read_weights as read_state
 from .files import sha256_of as sha256_file
 from .head_names import head_location
 from .speculators_format import is_speculators, read_speculators
@@ -230,23 +231,6 @@ def speculators_artifact(directory: Path, source: str, kind: str, key: str) -> H
     provenance = {"speculators": source, **({} if named else {"feature_layers": "target's"})}
     return HeadArtifact(config, state, weights_digest(directory), source, provenance, draft_ids=draft_ids,
                         lm_head=lm_head)
-
-
-def read_state(directory: Path) -> dict:
-    files = sorted(directory.glob("*.safetensors"))
-    if files:
-        from safetensors.torch import load_file
-        state = {}
-        for f in files:
-            state.update(load_file(str(f)))
-        return state
-    files = sorted(directory.glob("*.bin"))
-    if not files:
-        raise ConfigError(f"method.head: {directory} holds no .safetensors or .bin weights")
-    state = {}
-    for f in files:
-        state.update(torch.load(f, map_location="cpu", weights_only=True))
-    return state
 
 
 def weights_digest(directory: Path, patterns=("*.safetensors", "*.bin")) -> str:

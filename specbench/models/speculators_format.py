@@ -31,6 +31,7 @@ import torch
 
 from ..errors import ConfigError
 from .draft_head import DraftHead, HeadConfig
+from .files import read_weights
 
 CONFIG, WEIGHTS = "config.json", "model.safetensors"
 LAYER = "layers.0."
@@ -122,8 +123,6 @@ def read_speculators(directory: Path, key: str = "method.head") -> tuple[HeadCon
     """(HeadConfig, our state dict, lm_head (V_d, H), draft ids (V_d,), whether the checkpoint names its feature
     layers) of a speculators EAGLE-3 checkpoint; without them the target's 2, L/2, L-3 are meant, set when the
     target is known (methods/feature_head.py)."""
-    from .head_artifact import read_state
-
     directory = Path(directory)
     meta = json.loads((directory / CONFIG).read_text())
     kind = meta.get("speculators_model_type")
@@ -134,7 +133,7 @@ def read_speculators(directory: Path, key: str = "method.head") -> tuple[HeadCon
     if on or layer.get("num_hidden_layers", 1) != 1:
         raise ConfigError(f"{key}: {directory} sets {on or ['num_hidden_layers=' + str(layer['num_hidden_layers'])]}"
                           ": the EAGLE-3 layer here is the released one (one layer, residual g, no extra norms)")
-    state = read_state(directory)
+    state = read_weights(directory)
     for name in ("fc.weight", "lm_head.weight", "d2t"):
         if name not in state:
             raise ConfigError(f"{key}: {directory} has no {name}; not an EAGLE-3 speculators checkpoint")
