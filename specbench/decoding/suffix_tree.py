@@ -18,7 +18,8 @@ a frontier of candidate children scored by their estimated probability, p(child)
 count(parent) (1 at the matched node), the best one (ties: earlier pushed) becomes the next draft node, its own
 children join the frontier; it stops at ``max_tokens`` nodes or when no candidate has p >= ``min_token_prob``.
 Nothing is grown deeper than ``room`` or under an EOS. ``tree=False`` follows only the most frequent child at each
-node (a chain: Arctic Inference's default path mode, which vLLM ships). The draft's score is the sum of its nodes'
+node (a chain: Arctic Inference's default path mode, which vLLM ships), among equally frequent ones the one Arctic
+follows (``rank_key``). The draft's score is the sum of its nodes'
 p, the expected number of accepted tokens under the counts' estimate.
 """
 from __future__ import annotations
@@ -29,14 +30,22 @@ from typing import Iterable, Sequence
 
 
 class Node:
-    __slots__ = ("count", "children")
+    __slots__ = ("count", "children", "stamp")
 
-    def __init__(self) -> None:
+    def __init__(self, stamp: int = 0) -> None:
         self.count = 0
         self.children: dict[int, Node] | None = None  # token -> child, created on the first child
+        self.stamp = stamp  # its place among siblings of equal count (``rank_key``)
 
     def child(self, token: int) -> "Node | None":
         return self.children.get(token) if self.children else None
+
+
+def rank_key(item: tuple[int, "Node"]) -> tuple[int, int]:
+    """Children most frequent first; among equal counts, Arctic Inference's order (its siblings list): the one whose
+    count changed to that value most recently first (a count change stamps +clock), then those still at the count
+    they were created with, oldest first (a creation stamps -clock)."""
+    return -item[1].count, -item[1].stamp
 
 
 class SuffixTree:
@@ -46,6 +55,7 @@ class SuffixTree:
         self.max_depth = max_depth
         self.root = Node()
         self.nodes = 0  # nodes in the tree (the root not counted)
+        self.clock = 0  # count changes and creations so far (Node.stamp)
 
     def start(self) -> list[Node]:
         """The active nodes of a new, empty sequence (pass them to ``extend``)."""
@@ -61,9 +71,12 @@ class SuffixTree:
                 if node.children is None:
                     node.children = {}
                 child = node.children.get(token)
+                self.clock += 1
                 if child is None:
-                    child = node.children[token] = Node()
+                    child = node.children[token] = Node(-self.clock)
                     self.nodes += 1
+                else:
+                    child.stamp = self.clock
                 child.count += 1
                 stepped.append(child)
             active = stepped[:self.max_depth - 1]  # a suffix of length D grows no further
@@ -79,6 +92,8 @@ class SuffixTree:
             for token in tokens[i:i + self.max_depth]:
                 child = node.children[int(token)]
                 child.count -= 1
+                self.clock += 1
+                child.stamp = self.clock
                 if child.count == 0:  # its whole subtree counted only this occurrence
                     del node.children[int(token)]
                     self.nodes -= subtree_size(child)
@@ -132,7 +147,7 @@ def speculate(matched: Node, max_tokens: int, min_token_prob: float, room: int, 
         nonlocal order
         if depth >= room or not node.children or node.count == 0:
             return
-        ranked = sorted(node.children.items(), key=lambda kv: (-kv[1].count, kv[0]))  # most frequent first
+        ranked = sorted(node.children.items(), key=rank_key)  # most frequent first
         for token, child in ranked[:None if tree else 1]:
             p = prob * child.count / node.count
             if p >= min_token_prob * FLOOR_ROUNDING:
