@@ -8,8 +8,8 @@ Where a draft is cut by its budget, or a path mode step chooses between children
 choice among equals is an implementation detail (its priority queue and child order): there the test compares what
 does not depend on it (the score, the match length, the multiset of probabilities). Where two drafts tie in score,
 rounding picks one (float32 there, float64 here): only the best score is compared. Path mode where the most frequent
-children of a node tie is compared in full: both follow the child whose count changed to that value last (Arctic's
-siblings list; decoding/suffix_tree.rank_key)."""
+children of a node tie is compared in full: both follow the child Arctic's siblings list puts first (its moves on each
+count change, which decoding/suffix_tree.regroup repeats). Eviction of earlier requests is not exercised here."""
 import os
 
 import pytest
@@ -113,8 +113,9 @@ def test_our_draft_is_arctic_inferences(case):
 
 
 def test_path_mode_follows_the_child_that_reached_the_shared_count_last():
-    """After 1 the earlier output continued 2, 3, 2, 3: both twice, 3 last to reach 2, so Arctic's path (and ours)
-    goes 1 -> 3 (the smaller token id, our old rule, would go to 2)."""
+    """After 1 the earlier output continued 2, 3, 2, 3: both twice; 3, first of the children counted once when it was
+    counted up, went to the head of the children counted twice, so Arctic's path (and ours) goes 1 -> 3 (the
+    smaller token id, our old rule, would go to 2)."""
     pair = pair_for("llama", 0.05)
     args = ([([], [1, 2, 1, 3, 1, 2, 1, 3])], [5, 1], [], 64, UNCAPPED, 64.0, 0.0, False)
     ref, (ours, _) = reference_draft(*args), our_draft(pair, *args)

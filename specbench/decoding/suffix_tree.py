@@ -19,7 +19,7 @@ count(parent) (1 at the matched node), the best one (ties: earlier pushed) becom
 children join the frontier; it stops at ``max_tokens`` nodes or when no candidate has p >= ``min_token_prob``.
 Nothing is grown deeper than ``room`` or under an EOS. ``tree=False`` follows only the most frequent child at each
 node (a chain: Arctic Inference's default path mode, which vLLM ships), among equally frequent ones the one Arctic
-follows (``rank_key``). The draft's score is the sum of its nodes'
+follows (``regroup``). The draft's score is the sum of its nodes'
 p, the expected number of accepted tokens under the counts' estimate.
 """
 from __future__ import annotations
@@ -30,22 +30,54 @@ from typing import Iterable, Sequence
 
 
 class Node:
-    __slots__ = ("count", "children", "stamp")
+    __slots__ = ("count", "children", "groups")
 
-    def __init__(self, stamp: int = 0) -> None:
+    def __init__(self) -> None:
         self.count = 0
         self.children: dict[int, Node] | None = None  # token -> child, created on the first child
-        self.stamp = stamp  # its place among siblings of equal count (``rank_key``)
+        # with two or more children: count -> the tokens of the children at that count, in Arctic Inference's
+        # siblings order (``regroup``); None with fewer (one child has no order to keep)
+        self.groups: dict[int, list[int]] | None = None
 
     def child(self, token: int) -> "Node | None":
         return self.children.get(token) if self.children else None
 
+    def ranked(self) -> list[tuple[int, "Node"]]:
+        """(token, child), most frequent first; among equal counts in Arctic Inference's order."""
+        if self.groups is None:
+            return list(self.children.items()) if self.children else []
+        return [(t, self.children[t]) for c in sorted(self.groups, reverse=True) for t in self.groups[c]]
 
-def rank_key(item: tuple[int, "Node"]) -> tuple[int, int]:
-    """Children most frequent first; among equal counts, Arctic Inference's order (its siblings list): the one whose
-    count changed to that value most recently first (a count change stamps +clock), then those still at the count
-    they were created with, oldest first (a creation stamps -clock)."""
-    return -item[1].count, -item[1].stamp
+
+def regroup(parent: Node, token: int, old: int, new: int) -> None:
+    """Child ``token``'s count went from ``old`` to ``new`` (0: removed; ``old`` 0: created). Arctic Inference keeps
+    siblings in a list ordered by count, whose moves decide which of equally frequent children path mode follows
+    (its suffix_tree.cc: _increment_count, _decrement_count, new children after the tail): a child counted up goes
+    to the head of its new count's children if it was the first of its old count's, else to their tail; one
+    counted down goes to the head; a new one to the tail."""
+    groups = parent.groups
+    if groups is None:
+        if len(parent.children) < 2:
+            return
+        groups = parent.groups = {}
+        for t, c in parent.children.items():  # the first child before this one: alone at its count
+            if t != token:
+                groups[c.count] = [t]
+    head = False
+    if old:
+        members = groups[old]
+        head = members[0] == token
+        members.remove(token)
+        if not members:
+            del groups[old]
+    if new:
+        target = groups.setdefault(new, [])
+        if old and (new < old or head):
+            target.insert(0, token)
+        else:
+            target.append(token)
+    if len(parent.children) < 2:
+        parent.groups = None
 
 
 class SuffixTree:
@@ -55,7 +87,6 @@ class SuffixTree:
         self.max_depth = max_depth
         self.root = Node()
         self.nodes = 0  # nodes in the tree (the root not counted)
-        self.clock = 0  # count changes and creations so far (Node.stamp)
 
     def start(self) -> list[Node]:
         """The active nodes of a new, empty sequence (pass them to ``extend``)."""
@@ -71,13 +102,11 @@ class SuffixTree:
                 if node.children is None:
                     node.children = {}
                 child = node.children.get(token)
-                self.clock += 1
                 if child is None:
-                    child = node.children[token] = Node(-self.clock)
+                    child = node.children[token] = Node()
                     self.nodes += 1
-                else:
-                    child.stamp = self.clock
                 child.count += 1
+                regroup(node, token, child.count - 1, child.count)
                 stepped.append(child)
             active = stepped[:self.max_depth - 1]  # a suffix of length D grows no further
         return active
@@ -90,13 +119,14 @@ class SuffixTree:
         for i in range(len(tokens)):
             node = self.root
             for token in tokens[i:i + self.max_depth]:
-                child = node.children[int(token)]
+                token = int(token)
+                child = node.children[token]
                 child.count -= 1
-                self.clock += 1
-                child.stamp = self.clock
                 if child.count == 0:  # its whole subtree counted only this occurrence
-                    del node.children[int(token)]
+                    del node.children[token]
                     self.nodes -= subtree_size(child)
+                regroup(node, token, child.count + 1, child.count)
+                if child.count == 0:
                     break
                 node = child
 
@@ -147,7 +177,7 @@ def speculate(matched: Node, max_tokens: int, min_token_prob: float, room: int, 
         nonlocal order
         if depth >= room or not node.children or node.count == 0:
             return
-        ranked = sorted(node.children.items(), key=rank_key)  # most frequent first
+        ranked = node.ranked()  # most frequent first
         for token, child in ranked[:None if tree else 1]:
             p = prob * child.count / node.count
             if p >= min_token_prob * FLOOR_ROUNDING:
