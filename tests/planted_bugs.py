@@ -14,6 +14,7 @@ outside it. They are the bugs a speculative loop really has:
 from __future__ import annotations
 
 from contextlib import contextmanager
+from types import SimpleNamespace
 
 import torch
 
@@ -142,11 +143,14 @@ def verdicts(pair, make_method, bug: str | None, prompts: list[list[int]], budge
     check = LosslessCheck(pair, threads=torch.get_num_threads())
     out = []
     for prompt in prompts:
-        memo = vars(pair).setdefault("_planted_bugs_greedy", {})  # greedy is deterministic: once per pair and prompt
-        key = (tuple(prompt), budget, frozenset(eos_ids))
-        if key not in memo:
-            memo[key] = Greedy(pair, "greedy").generate(prompt, budget, set(eos_ids))
-        greedy = memo[key]
+        # greedy is deterministic and the same token by token whatever its budget: run once per pair and prompt at
+        # the largest budget asked for, cut to each shorter one
+        memo = vars(pair).setdefault("_planted_bugs_greedy", {})
+        key = (tuple(prompt), frozenset(eos_ids))
+        if key not in memo or memo[key][0] < budget:
+            memo[key] = budget, Greedy(pair, "greedy").generate(prompt, budget, set(eos_ids))
+        run = memo[key][1]
+        greedy = SimpleNamespace(tokens=run.tokens[:budget], evidence=run.evidence[:budget])
         method = make_method()
         method.reset(0)
         if bug is None:

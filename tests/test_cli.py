@@ -54,7 +54,7 @@ def test_rerun_resumes_and_larger_limit_adds_only_new_prompts(tmp_path):
 
 def test_interrupted_run_keeps_finished_records_and_does_not_redo_them(tmp_path):
     records = tmp_path / "records"
-    args = [sys.executable, "-m", "specbench", "model=tiny_llama", "method=greedy", "data.limit=40",
+    args = [sys.executable, "-m", "specbench", "model=tiny_llama", "method=greedy", "data.limit=16",
             "data.max_new_tokens=256", f"runner.records_dir={records}", f"hydra.run.dir={tmp_path / 'hydra'}",
             "runner.progress=false"]
     # Ctrl-C must reach the child even when this test runs in a background job (which ignores SIGINT, and a
@@ -70,12 +70,12 @@ def test_interrupted_run_keeps_finished_records_and_does_not_redo_them(tmp_path)
     proc.send_signal(signal.SIGINT)  # Ctrl-C in the middle of the run
     proc.wait(timeout=generous(60))
     kept = [json.loads(line) for line in files[0].read_text().splitlines()]
-    assert 2 <= len(kept) < 40, "the run must be cut mid-way for this test to mean anything"
-    run_cli("method=greedy", "data.limit=40", "data.max_new_tokens=256", records_dir=records)
+    assert 2 <= len(kept) < 16, "the run must be cut mid-way for this test to mean anything"
+    run_cli("method=greedy", "data.limit=16", "data.max_new_tokens=256", records_dir=records)
     final = load_records(records, "greedy")
     assert final[: len(kept)] == kept, "finished records are kept as they were"
     ids = [(r["prompt_id"], r["repeat"]) for r in final]
-    assert len(ids) == len(set(ids)) == 40, "no prompt is redone or lost"
+    assert len(ids) == len(set(ids)) == 16, "no prompt is redone or lost"
 
 
 def test_multirun_sweep_with_basic_launcher(tmp_path):

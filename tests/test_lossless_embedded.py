@@ -19,6 +19,10 @@ PROMPTS = ("Natalia sold clips to 48 of her friends in April, and then she sold 
            "Explain what a hash table is.",
            "Describe the water cycle in detail.")
 BUDGET = 64
+# second_best is planted at the second verification step: its token is among the first 2·(4 + 1) emitted (γ = 4 and
+# num_pred_tokens = 4 here) and the own-forward check names it there, so 16 tokens decide; the stale entry's effect
+# shows later and varies (indices 2-36 measured on Q4), so it keeps the whole budget
+BUDGETS = {"second_best": 16}
 METHODS = {"speculative": lambda pair: SpeculativeDecoding(pair, "speculative", gamma=4),
            "prompt_lookup": lambda pair: PromptLookup(pair, "prompt_lookup", num_pred_tokens=4)}
 
@@ -31,8 +35,8 @@ def load(backend: str, dtype: str = "auto"):
 
 def caught(pair, method: str, bug: str | None) -> list[str]:
     prompts = [pair.encode(text) for text in PROMPTS]
-    found = verdicts(pair, lambda: METHODS[method](pair), bug, prompts, BUDGET, pair.eos_ids)
-    print(method, bug, [(v["verdict"], v.get("check"), round(v.get("gap", 0.0), 3)) for v in found])
+    found = verdicts(pair, lambda: METHODS[method](pair), bug, prompts, BUDGETS.get(bug, BUDGET), pair.eos_ids)
+    print(method, bug, [(v["verdict"], v.get("check"), v.get("index"), round(v.get("gap", 0.0), 3)) for v in found])
     return [v["verdict"] for v in found]
 
 

@@ -9,8 +9,12 @@ from .conftest import run_cli
 
 vllm = pytest.importorskip("vllm", reason="engine=vllm needs vLLM (make install)")
 
-TINY = ("engine=vllm", "model=tiny_llama", "model.hidden_size=128", "engine.kv_cache_space_gib=1",
-        "engine.max_model_len=1024", "data=humaneval", "data.limit=3", "data.max_new_tokens=24")
+ENGINE = ("engine=vllm", "model=tiny_llama", "model.hidden_size=128", "engine.kv_cache_space_gib=1",
+          "engine.max_model_len=1024")
+TINY = (*ENGINE, "data=humaneval", "data.limit=3", "data.max_new_tokens=24")
+# the module's run (two engines started: ~100 s of a test worker): MT-Bench, so that the same run checks single
+# answers and a second turn that carries the first answer, 3 conversations at batch size 2
+TWO_TURNS = (*ENGINE, "data=mt_bench", "data.limit=3", "data.max_new_tokens=12")
 
 
 def records_of(records_dir, method):
@@ -21,7 +25,7 @@ def records_of(records_dir, method):
 @pytest.fixture(scope="module")
 def tiny_vllm_run(tmp_path_factory):
     records = tmp_path_factory.mktemp("vllm") / "records"
-    proc = run_cli(*TINY, "method=speculative", "runner.batch_size=2", records_dir=records, expect_s=600)
+    proc = run_cli(*TWO_TURNS, "method=speculative", "runner.batch_size=2", records_dir=records, expect_s=600)
     return records, proc
 
 
@@ -37,13 +41,13 @@ def test_vllm_speculative_is_identical_to_its_greedy_and_counts_match_the_tokens
     assert sorted(r["batch"]["size"] for r in ours) == [1, 2, 2]  # 3 prompts at batch size 2
     summary = json.loads(next(records.rglob("speculative-*.summary.json")).read_text())
     assert summary["identical"] == 3 and summary["batch_size"] == 2 and summary["throughput_speedup"] > 0
-    assert "identical to greedy" in proc.stdout
+    assert "identical to greedy" in proc.stdout and "lossless: 3/3 (" in proc.stdout
     assert "starting the baseline engine" in proc.stderr and "starting the method engine" in proc.stderr
 
 
 def test_vllm_greedy_equals_our_own_greedy_on_the_same_pair(tiny_vllm_run, tmp_path):
     records, _ = tiny_vllm_run
-    run_cli(*[o for o in TINY if not o.startswith("engine")], "method=greedy", records_dir=tmp_path / "hf")
+    run_cli(*[o for o in TWO_TURNS if not o.startswith("engine")], "method=greedy", records_dir=tmp_path / "hf")
     ours = {r["prompt_id"]: r["output_ids"] for r in records_of(tmp_path / "hf", "greedy")}
     theirs = {r["prompt_id"]: r["output_ids"] for r in records_of(records, "greedy")}
     assert ours == theirs
@@ -52,7 +56,7 @@ def test_vllm_greedy_equals_our_own_greedy_on_the_same_pair(tiny_vllm_run, tmp_p
 def test_vllm_rerun_resumes_without_starting_over(tiny_vllm_run):
     records, _ = tiny_vllm_run
     before = len(records_of(records, "speculative"))
-    proc = run_cli(*TINY, "method=speculative", "runner.batch_size=2", records_dir=records, expect_s=600)
+    proc = run_cli(*TWO_TURNS, "method=speculative", "runner.batch_size=2", records_dir=records, expect_s=600)
     assert "resuming, 3 record(s) kept, 0 to run" in proc.stderr
     assert "starting the" not in proc.stderr, "nothing left to run: no engine starts"
     assert len(records_of(records, "speculative")) == before
@@ -95,22 +99,20 @@ def test_vllm_draft_model_on_the_embedded_pair(tmp_path):
     assert summary["tau"] > 2.0 and summary["acceptance_rate"] > 0.4, proc.stdout
 
 
-def test_vllm_two_turns_in_a_batch_carry_the_first_answer(tmp_path):
+def test_vllm_two_turns_in_a_batch_carry_the_first_answer(tiny_vllm_run):
     """MT-Bench through vLLM at batch size 2: each turn of the batch is one pass, the second turn's prompt holds the
-    first answer, and the record sums the turns; both turns identical to greedy's."""
+    first answer, and the record sums the turns; both turns identical to greedy's (the module's run)."""
     from specbench.models.pair import plain_conversation
     from specbench.models.tiny import byte_tokenizer
 
-    overrides = [o for o in TINY if not o.startswith("data")]
-    proc = run_cli(*overrides, "method=speculative", "data=mt_bench", "data.limit=2", "data.max_new_tokens=10",
-                   "runner.batch_size=2", records_dir=tmp_path / "records", expect_s=600)
-    assert "lossless: 2/2 (" in proc.stdout
+    records, _ = tiny_vllm_run
     tok = byte_tokenizer()
-    for row in records_of(tmp_path / "records", "speculative"):
+    rows = records_of(records, "speculative")
+    assert len(rows) == 3
+    for row in rows:
         first, second = row["turns"]
         assert row["output_ids"] == first["output_ids"] + second["output_ids"]
         assert row["new_tokens"] == sum(row["accept_lengths"]) == first["new_tokens"] + second["new_tokens"]
-        assert row["batch"]["size"] == 2
         conversation = [{"role": "user", "content": _turn(row, 0)},
                         {"role": "assistant", "content": first["output_text"]},
                         {"role": "user", "content": _turn(row, 1)}]
