@@ -26,9 +26,9 @@ NEWEST := $(VENV)/newest-transformers
 NEWEST_TESTS := tests/test_swift.py tests/test_cached_lm.py tests/test_static_execution.py \
 	tests/test_hf_assisted_sampling.py tests/test_feature_heads.py tests/test_medusa.py tests/test_eagle3.py \
 	tests/test_equivalence.py
-# an optional-dependency group of pyproject.toml as a package list: installed by name, so that two installs running
-# side by side (make run) never both rewrite the editable specbench package
-extra = $(shell $(PYTHON) -c "import tomllib; print(' '.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['optional-dependencies']['$(1)']))")
+# an optional-dependency group of pyproject.toml as a package list, each shell-quoted (`<5.20`): installed by name, so
+# that two installs running side by side (make run, make test) never both rewrite the editable specbench package
+extra = $(shell $(PYTHON) -c "import shlex, tomllib; print(' '.join(map(shlex.quote, tomllib.load(open('pyproject.toml', 'rb'))['project']['optional-dependencies']['$(1)'])))")
 
 .DEFAULT_GOAL := help
 .PHONY: help install install-vllm llamacpp references embedded run test test-fast test-newest lock bench disco heads datastore \
