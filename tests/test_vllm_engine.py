@@ -108,7 +108,7 @@ def test_vllm_two_turns_in_a_batch_carry_the_first_answer(tiny_vllm_run):
     records, _ = tiny_vllm_run
     tok = byte_tokenizer()
     rows = records_of(records, "speculative")
-    assert len(rows) == 3
+    assert [row["batch"]["size"] for row in rows].count(2) == 2  # two of the conversations ran as one batch
     for row in rows:
         first, second = row["turns"]
         assert row["output_ids"] == first["output_ids"] + second["output_ids"]
