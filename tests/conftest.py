@@ -1,10 +1,10 @@
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from .forked import run_module
 from .limits import generous
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -66,10 +66,9 @@ def run_cli(*overrides: str, records_dir: Path, check: bool = True, expect_s: fl
     model = [] if any(o.startswith("model=") for o in overrides) else ["model=tiny_llama"]
     # every CLI test demands losslessness: a divergence beyond numerical noise fails the run (exit 3)
     strict = [] if any(o.startswith("runner.strict_lossless") for o in overrides) else ["runner.strict_lossless=true"]
-    args = [sys.executable, "-m", "specbench", *flags, *model, f"runner.records_dir={records_dir}",
-            f"hydra.run.dir={records_dir.parent / 'hydra'}", f"hydra.sweep.dir={records_dir.parent / 'multirun'}",
-            "runner.progress=false", *strict, *overrides]
-    proc = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=generous(expect_s), env=env)
+    args = [*flags, *model, f"runner.records_dir={records_dir}", f"hydra.run.dir={records_dir.parent / 'hydra'}",
+            f"hydra.sweep.dir={records_dir.parent / 'multirun'}", "runner.progress=false", *strict, *overrides]
+    proc = run_module("specbench", *args, timeout=generous(expect_s), env=env)
     if check and proc.returncode != 0:
         raise AssertionError(f"exit {proc.returncode}\nSTDOUT:\n{proc.stdout}\nSTDERR:\n{proc.stderr}")
     return proc

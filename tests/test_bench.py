@@ -2,7 +2,6 @@
 ``python -m specbench.bench``'s keys, help and errors."""
 import json
 import subprocess
-import sys
 
 import pytest
 from hydra import compose, initialize_config_dir
@@ -12,6 +11,7 @@ from specbench import bench
 from specbench.schema import RunRecord
 
 from .conftest import ROOT
+from .forked import run_module
 from .limits import generous
 
 
@@ -21,8 +21,7 @@ def bench_config(*overrides: str):
 
 
 def bench_cli(*args: str, tmp_path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "specbench.bench", f"paths.root={tmp_path / 'runs'}", *args],
-                          cwd=ROOT, capture_output=True, text=True, timeout=generous(120))
+    return run_module("specbench.bench", f"paths.root={tmp_path / 'runs'}", *args, timeout=generous(120))
 
 
 def test_bench_rounds_cost_table_and_efficiency(tmp_path, capsys):

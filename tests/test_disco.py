@@ -3,8 +3,6 @@ property tests with untrained and trained classifiers, extraction labels, and th
 import csv
 import json
 import math
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -21,7 +19,7 @@ from specbench.training.disco.tables import improvement, oracle_statistics
 from specbench.training.disco.train import evaluate, f1_score, train_classifier
 from specbench.training.disco.tune import best_candidate, grid
 
-from .conftest import ROOT
+from .forked import run_module
 from .test_equivalence import cases, greedy_reference, pair_for
 from .limits import generous
 
@@ -184,14 +182,14 @@ def test_perplexity_policy_emits_greedy_tokens(case, threshold, sl_max):
 
 
 def run_disco(tmp_path, data_file, *overrides, check=True):
-    args = [sys.executable, "-m", "specbench.training.disco", "disco.model=tiny_llama",
+    args = ["disco.model=tiny_llama",
             f"disco.out_dir={tmp_path / 'disco'}",
             f"+disco.runner.records_dir={tmp_path / 'records'}", "+disco.runner.progress=false",
             f"hydra.run.dir={tmp_path / 'hydra'}", "disco.partition.sizes={train: 10, validation: 4, test: 4}",
             "disco.max_new_tokens=16", "disco.tuning.static_gamma=[2,5]", "disco.tuning.disco_threshold=[0.5,0.9]",
             "disco.tuning.disco_sl_max=[8]", "disco.tuning.ppl_threshold=[2.0]", "disco.classifier.epochs=30",
             *[f"+disco.splits.{s}.set.path={data_file}" for s in ("train", "validation", "test")], *overrides]
-    proc = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=generous(600))
+    proc = run_module("specbench.training.disco", *args, timeout=generous(600))
     if check and proc.returncode != 0:
         raise AssertionError(f"exit {proc.returncode}\nSTDERR:\n{proc.stderr[-4000:]}")
     return proc
@@ -257,9 +255,8 @@ def test_pipeline_stage_order_and_hub_only_splits_fail_with_clear_errors(tmp_pat
     assert proc.returncode == 2 and "stage=train first" in proc.stderr
     proc = run_disco(tmp_path, data_file, "stage=sideways", check=False)
     assert proc.returncode == 2 and "stage" in proc.stderr and "extract" in proc.stderr
-    hub = subprocess.run([sys.executable, "-m", "specbench.training.disco", "disco=mbpp", "disco.model=tiny_llama",
-                          f"disco.out_dir={tmp_path / 'd2'}", f"hydra.run.dir={tmp_path / 'hydra'}"],
-                         cwd=ROOT, capture_output=True, text=True, timeout=generous(300))
+    hub = run_module("specbench.training.disco", "disco=mbpp", "disco.model=tiny_llama",
+                     f"disco.out_dir={tmp_path / 'd2'}", f"hydra.run.dir={tmp_path / 'hydra'}", timeout=generous(300))
     assert hub.returncode == 2 and "google-research-datasets/mbpp" in hub.stderr and "data.path" in hub.stderr
 
 

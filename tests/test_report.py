@@ -17,6 +17,7 @@ from specbench.report.render import render_experiment
 from specbench.report.tables import Entry, build_table, to_csv, to_latex, to_markdown
 
 from .conftest import ROOT, run_cli
+from .forked import run_module
 from .limits import generous, wait_for
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -220,8 +221,7 @@ def test_report_logs_a_wandb_report_run_offline(table2_sweep, tmp_path, monkeypa
 
 
 def report_cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "specbench.report", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=generous(300), env=env)
+    return run_module("specbench.report", *args, timeout=generous(300), env=env)
 
 
 def test_report_cli_renders_a_sweep_from_its_overrides_and_logs_to_wandb(table2_sweep, tmp_path):

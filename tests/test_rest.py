@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 import random
-import subprocess
-import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -32,6 +30,7 @@ from .distribution_helpers import EOS as SMALL_EOS
 from .distribution_helpers import one_thread  # noqa: F401  (autouse fixture: one torch thread)
 from .distribution_helpers import (IdsOnlyTokenizer, exact_sequence_distribution, goodness_of_fit,
                                    sample_generations, small_vocab_pair)
+from .forked import run_module
 from .test_counters import check_counters
 from .test_equivalence import greedy_reference, pair_for
 from .limits import generous
@@ -356,9 +355,8 @@ def test_the_build_command_writes_a_datastore_the_method_reads(tmp_path):
                      {"conversations": [{"from": "human", "value": "x"}, {"from": "gpt", "value": "zz"}]},
                      {"conversations": [{"from": "gpt", "value": "never read"}]}]
     corpus.write_text(json.dumps(conversations))
-    done = subprocess.run([sys.executable, "-m", "specbench.retrieval", "model=tiny_llama", f"paths.root={tmp_path}",
-                           f"datastore.corpus={corpus}", "datastore.limit=2", "datastore.name=small"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=generous(120))
+    done = run_module("specbench.retrieval", "model=tiny_llama", f"paths.root={tmp_path}", f"datastore.corpus={corpus}",
+                      "datastore.limit=2", "datastore.name=small", timeout=generous(120))
     assert done.returncode == 0, done.stderr
     where = tmp_path / "datastores" / "tiny-llama" / "small"
     manifest = json.loads((where / datastore.MANIFEST).read_text())
