@@ -6,10 +6,10 @@ again; a config error that exits 2 is almost all import. The forked child runs t
 ``_run_module_as_main`` in a bare ``__main__``, ``sys.argv``, the working directory, the caller's environment,
 stdout and stderr at file-descriptor level so that C libraries' output is captured too, non-daemon threads joined
 and ``atexit`` handlers run before it exits), and the caller gets the ``subprocess.CompletedProcess`` a fresh
-interpreter would give (tests/test_forked.py compares the two). A fresh interpreter is used instead where forking
-could differ from it: an ``env=`` of the caller's own, or an environment changed since the fork server started
-(OpenMP and some libraries read theirs once, at import), and everywhere when ``SPECBENCH_TEST_FORK=0``. Tests that
-signal or kill a run start their own ``subprocess.Popen``.
+interpreter would give (tests/test_forked.py compares the two). A run given an ``env=`` of its own starts a fresh
+interpreter (OpenMP and some libraries read their variables once, at import), as every run does when
+``SPECBENCH_TEST_FORK=0``; when the environment has changed since the fork server started, the server is started
+again under the new one. Tests that signal or kill a run start their own ``subprocess.Popen``.
 """
 from __future__ import annotations
 
@@ -30,14 +30,20 @@ PRELOAD = "tests.forked_preload"
 FORK = os.environ.get("SPECBENCH_TEST_FORK", "1") != "0" and "forkserver" in multiprocessing.get_all_start_methods()
 # variables that differ between tests and that nothing reads at import: they pass to the child as they are
 RUNTIME_ONLY = {"PYTEST_CURRENT_TEST"}
-_server: dict = {}  # "context": the forkserver context; "environ": the environment it started with
+_server: dict = {}  # "context": the forkserver context; "environ": the environment its server started under
 
 
 def _context():
-    if "context" not in _server:
+    """The forkserver context, its server started under the current environment: one started under another (a
+    test or a library has set a variable since: wandb's directories, vLLM's HF_HUB_OFFLINE, read at import by
+    what the server preloaded) is stopped first, and the next run starts a new one (~8 s)."""
+    environ = _environ()
+    if _server.get("environ") != environ:
+        if "environ" in _server:
+            multiprocessing.forkserver._forkserver._stop()  # private (3.8+); the next Process.start() starts a server
         context = multiprocessing.get_context("forkserver")
         context.set_forkserver_preload([PRELOAD])
-        _server.update(context=context, environ=_environ())
+        _server.update(context=context, environ=environ)
     return _server["context"]
 
 
@@ -88,7 +94,7 @@ def run_module(module: str, *args: str, timeout: float, cwd: Path = ROOT,
     """``subprocess.run([python, -m, module, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout,
     env=env)``, forked from the preloaded server where that gives the same run (module docstring)."""
     argv = [sys.executable, "-m", module, *args]
-    if env is not None or not FORK or ("environ" in _server and _environ() != _server["environ"]):
+    if env is not None or not FORK:
         return subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env)
     context = _context()
     with tempfile.TemporaryDirectory(prefix="specbench-forked-") as tmp:
