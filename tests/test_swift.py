@@ -1,5 +1,6 @@
 """method=swift (self-speculation by layer skipping): the layer-skipped model against reference computations (the
-full model when nothing is skipped, a shallow model built by hand otherwise; chunked, cropped and tree feeds), the
+full model when nothing is skipped, a shallow model built by hand otherwise, the full model with zeroed output
+projections for skipped sublayers; chunked, cropped and tree feeds), the
 skip-set search on hand-made targets, output identical to greedy at T = 0, distributed as the target at T > 0,
 the draft's cache right after rejections, warm start of the searched set, and bad settings."""
 import math
@@ -17,7 +18,8 @@ from specbench.decoding.loop import speculative_generate
 from specbench.errors import ConfigError
 from specbench.methods.base import NoTimeline
 from specbench.methods.greedy import Greedy
-from specbench.methods.swift import Swift, candidate_sets, search_skip_set
+from specbench.methods.swift import Swift
+from specbench.methods.swift_search import SkipSet, candidate_sets, search_skip_set, skip_size, skip_units
 from specbench.models.layer_skip import LayerSkipModel
 from specbench.models.pair import ModelPair, prepare_for_inference
 from specbench.models.precision import resolve_precision
@@ -98,6 +100,50 @@ def test_with_skipped_layers_it_is_a_shallow_model_built_by_hand(skip):
     torch.testing.assert_close(tree.forward(IDS[9:]), want[9:], atol=1e-5, rtol=1e-5)
 
 
+def without_sublayers(target, attention=(), mlp=()) -> LlamaForCausalLM:
+    """A copy of the target whose listed layers' attention (o_proj) or MLP (down_proj) writes zeros to the residual
+    stream: the full model computing what skipping those sublayers computes, the reference for PartialLayer."""
+    model = shallow_by_hand(target, list(range(target.config.num_hidden_layers)))
+    with torch.no_grad():
+        for i in attention:
+            model.model.layers[i].self_attn.o_proj.weight.zero_()
+        for i in mlp:
+            model.model.layers[i].mlp.down_proj.weight.zero_()
+    return model
+
+
+@pytest.mark.parametrize("attention, mlp", [([1], []), ([], [2]), ([1, 2], [2, 3]), ([0], [0, 3]), ([3], [1])])
+def test_with_skipped_sublayers_it_is_the_model_whose_sublayers_write_nothing(attention, mlp):
+    target = deep_pair(4).target
+    want = without_sublayers(target, attention, mlp)(torch.tensor([IDS])).logits[0]
+    draft = LayerSkipModel(target, skip_attention=attention, skip_mlp=mlp)
+    lm = CachedLM(draft)
+    got = lm.forward(IDS)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(got, CachedLM(target).forward(IDS), atol=1e-3)  # something was skipped
+    attending = [i for i in range(4) if i not in attention]
+    assert len(lm.cache.layers) == len(attending)  # a cache slot for each layer whose attention runs
+    assert draft.kept == [i for i in range(4) if not (i in attention and i in mlp)]
+    lm.crop(7)  # crop after a rejection, then the next tokens
+    torch.testing.assert_close(lm.forward(IDS[7:]), want[7:], atol=1e-5, rtol=1e-5)
+    tree = CachedLM(LayerSkipModel(target, skip_attention=attention, skip_mlp=mlp))
+    tree.forward(IDS[:6])
+    rows = tree.forward([IDS[6], 99, IDS[7], IDS[8]], parents=[-1, 0, 0, 2])
+    torch.testing.assert_close(rows[[0, 2, 3]], want[6:9], atol=1e-5, rtol=1e-5)
+
+
+def test_skipping_both_sublayers_is_skipping_the_layer():
+    target = deep_pair(4).target
+    whole = CachedLM(LayerSkipModel(target, [1, 2])).forward(IDS)
+    halves = LayerSkipModel(target, skip_attention=[1, 2], skip_mlp=[1, 2])
+    assert halves.kept == [0, 3] and all(layer is target.model.layers[i] for layer, i in zip(halves.layers, [0, 3]))
+    assert torch.equal(CachedLM(halves).forward(IDS), whole)
+    mixed = LayerSkipModel(target, [1], skip_attention=[2], skip_mlp=[1])  # layer 1 whole, layer 2's attention
+    assert mixed.kept == [0, 2, 3] and mixed.skip_attention == [2] and mixed.skip_mlp == []
+    with pytest.raises(ConfigError, match="skips the attention of all 4 decoder layers"):
+        LayerSkipModel(target, [0, 1], skip_attention=[2, 3])
+
+
 def test_the_draft_shares_the_targets_weights_and_leaves_its_cache_alone():
     target = deep_pair(4).target
     draft = LayerSkipModel(target, [1, 2])
@@ -119,21 +165,46 @@ def test_candidate_sets_are_distinct_sets_of_the_size_and_all_of_them_when_few()
     assert candidate_sets(4, 2, 12, random.Random(1)) == [(0, 1), (0, 2), (0, 3), (1, 2), (1, 3), (2, 3)]
 
 
+def test_the_search_space_keeps_the_first_and_last_layers_and_sizes_as_swift_does():
+    assert skip_units(6, "layers") == [("layer", i) for i in (1, 2, 3, 4)]
+    assert skip_units(4, "sublayers") == [("attention", 1), ("attention", 2), ("mlp", 1), ("mlp", 2)]
+    assert skip_units(2, "sublayers") == [("attention", 0), ("attention", 1), ("mlp", 0), ("mlp", 1)]  # no interior
+    assert skip_size(52, 0.45, "sublayers") == 23       # SWIFT on a 28-layer model: int(2 * 26 * 0.45)
+    assert skip_size(4, 0.45, "layers") == 2 and skip_size(4, 0.1, "layers") == 1 and skip_size(4, 0.99, "layers") == 3
+    assert SkipSet.normalised([2], [1, 3], [3, 4]) == SkipSet((2, 3), (1,), (4,))  # both halves: a whole layer
+
+
 def test_the_search_finds_the_layers_that_do_nothing():
     pair = build_tiny_pair(name="tiny-llama-6", layers=6, seed=3, load_draft=False)
     silence(pair.target, [1, 3, 4])
-    skip, record = search_skip_set(pair.target, IDS, 3, math.comb(6, 3), 64, seed=0)
-    assert skip == [1, 3, 4] and max(record["matchness"]) == 1.0
-    assert record["positions"] == len(IDS) and record["draft_forwards"] == 20
+    skip, record = search_skip_set(pair.target, IDS, 6, "layers", 0.75, math.comb(4, 3), 64, seed=0)
+    assert skip == SkipSet((1, 3, 4)) and max(record["matchness"]) == 1.0
+    assert record["positions"] == len(IDS) and record["draft_forwards"] == 4 and record["size"] == 3
     # fewer trials: random sets of the size, deterministic under the seed
-    again = [search_skip_set(pair.target, IDS, 3, 5, 4, seed=7) for _ in range(2)]
-    assert again[0] == again[1] and len(again[0][0]) == 3 and again[0][1]["positions"] == 4
+    again = [search_skip_set(pair.target, IDS, 6, "layers", 0.75, 2, 4, seed=7) for _ in range(2)]
+    assert again[0] == again[1] and len(again[0][0].layers) == 3 and again[0][1]["positions"] == 4
     # a method searching on its first prompt then drafts with the found set: every draft token accepted
-    method = Swift(pair, gamma=3, skip_ratio=0.5, search_trials=20)
-    assert method.skip_count == 3
+    method = Swift(pair, gamma=3, search_space="layers", skip_ratio=0.75, search_trials=20)
     gen = method.generate(IDS, 20, set())
     assert gen.extra["skip_layers"] == [1, 3, 4] and gen.extra["skip_source"] == "search"
     assert gen.accept_lengths == [4] * 5 and gen.draft_forwards == 15
+
+
+def test_the_search_finds_the_sublayers_that_do_nothing_and_never_touches_the_ends():
+    pair = build_tiny_pair(name="tiny-llama-6", layers=6, seed=3, load_draft=False)
+    with torch.no_grad():  # layers 1 and 2 attend to nothing, layers 3 and 4 have no MLP
+        for i in (1, 2):
+            pair.target.model.layers[i].self_attn.o_proj.weight.zero_()
+        for i in (3, 4):
+            pair.target.model.layers[i].mlp.down_proj.weight.zero_()
+    skip, record = search_skip_set(pair.target, IDS, 6, "sublayers", 0.5, math.comb(8, 4), 64, seed=0)
+    assert skip == SkipSet((), (1, 2), (3, 4)) and record["units"] == 8 and record["size"] == 4
+    assert record["draft_forwards"] == 70 and record["matchness"].count(1.0) >= 1
+    assert all(0 not in sum(c.values(), []) and 5 not in sum(c.values(), []) for c in record["candidates"])
+    method = Swift(pair, gamma=3, skip_ratio=0.5, search_trials=70)  # SWIFT's space is the default
+    gen = method.generate(IDS, 20, set())
+    assert (gen.extra["skip_layers"], gen.extra["skip_attention"], gen.extra["skip_mlp"]) == ([], [1, 2], [3, 4])
+    assert gen.accept_lengths == [4] * 5
 
 
 # -- exactness ------------------------------------------------------------------------------------------------------
@@ -141,6 +212,8 @@ def test_the_search_finds_the_layers_that_do_nothing():
 cases = st.fixed_dictionaries({
     "layers": st.sampled_from([3, 4]),
     "skip": st.one_of(st.none(), st.sets(st.integers(0, 3), min_size=1, max_size=2)),
+    "skip_attention": st.sets(st.integers(0, 3), max_size=2),
+    "skip_mlp": st.sets(st.integers(0, 3), max_size=3),
     "prompt": st.lists(st.integers(3, 258), min_size=1, max_size=12),
     "gamma": st.integers(1, 6),
     "stop_confidence": st.one_of(st.none(), st.sampled_from([0.05, 0.2])),
@@ -154,15 +227,23 @@ cases = st.fixed_dictionaries({
 def test_swift_equals_greedy(case):
     pair = deep_pair(case["layers"])
     skip = sorted(i for i in case["skip"] or () if i < case["layers"]) or None
+    attention = sorted(i for i in case["skip_attention"] if i < case["layers"] and i not in (skip or ()))
+    attention = attention[:case["layers"] - len(skip or ()) - 1]  # an attention sublayer always runs
+    mlp = sorted(i for i in case["skip_mlp"] if i < case["layers"])
     ref, eos = greedy_reference(pair, case["prompt"], case["max_new_tokens"], case["eos_pick"])
-    method = Swift(pair, gamma=case["gamma"], skip_layers=skip, stop_confidence=case["stop_confidence"],
-                   search_trials=3)
+    method = Swift(pair, gamma=case["gamma"], skip_layers=skip, skip_attention=attention or None,
+                   skip_mlp=mlp or None, stop_confidence=case["stop_confidence"], search_trials=3)
     gen = method.generate(case["prompt"], case["max_new_tokens"], eos)
     assert gen.tokens == ref.tokens
     check_counters(gen, "swift")
     assert gen.target_forwards == len(gen.accept_lengths)
     assert all(n <= case["gamma"] + 1 for n in gen.accept_lengths)
-    assert gen.extra["skip_source"] == ("config" if skip else "search")
+    assert gen.extra["skip_source"] == ("config" if skip or attention or mlp else "search")
+    if skip or attention or mlp:  # the configured set, normalised (both halves of a layer: a whole layer)
+        want = {"skip_layers": sorted(set(skip or ()) | (set(attention) & set(mlp))),
+                "skip_attention": sorted(set(attention) - set(mlp) - set(skip or ())),
+                "skip_mlp": sorted(set(mlp) - set(attention) - set(skip or ()))}
+        assert {k: gen.extra.get(k, []) for k in want} == want
     assert len(gen.extra["sl"]) == len(gen.accept_lengths)
 
 
@@ -213,18 +294,23 @@ def test_the_searched_set_carries_to_the_next_prompt_and_a_configured_one_carrie
     method = Swift(pair, gamma=2, search_trials=4)
     assert method.carries_state and method.carried_state() is None
     first = method.generate(IDS, 5, set())
-    assert first.extra["skip_source"] == "search" and len(first.extra["skip_layers"]) == 2  # round(0.45 * 4)
-    state = method.carried_state()
-    assert state == first.extra["skip_layers"]
-    state.append(0)  # a copy
-    assert method.carried_state() == first.extra["skip_layers"]
+    assert first.extra["skip_source"] == "search"
+    state = method.carried_state()  # one interior sublayer of layers 1-2: int(2 * 2 * 0.45)
+    assert sum(map(len, state.values())) == 1 and set(sum(state.values(), [])) <= {1, 2}
+    assert SkipSet.from_state(state).extra() == {k: first.extra[k] for k in ("skip_layers", "skip_attention",
+                                                                             "skip_mlp") if k in first.extra}
+    state["layers"].append(0)  # a copy
+    assert method.carried_state()["layers"] == []
     method.reset(1)
     second = method.generate(IDS[:4], 5, set())
     assert second.extra["skip_source"] == "carried" and "search" not in second.extra
     method.reset(0)
     method.restore_state(None)  # a new method's state: it searches again (seeded by sampling.seed)
     assert method.generate(IDS, 5, set()).extra == first.extra
+    method.restore_state([1])  # a state of whole layers, as kept before sublayers existed
+    assert method.self_draft().kept == [0, 2, 3]
     assert not Swift(pair, skip_layers=[1]).carries_state
+    assert not Swift(pair, skip_mlp=[1]).carries_state
 
 
 # -- bad settings -----------------------------------------------------------------------------------------------------
@@ -238,8 +324,15 @@ def test_the_searched_set_carries_to_the_next_prompt_and_a_configured_one_carrie
     ({"skip_layers": []}, "method.skip_layers: is empty"),
     ({"skip_layers": [1, 1]}, "method.skip_layers: names a layer twice"),
     ({"skip_layers": ["a"]}, "method.skip_layers: must be a list of layer indices"),
+    ({"skip_attention": [4]}, "method.skip_attention: the target has 4 decoder layers (0..3); no layer [4]"),
+    ({"skip_mlp": [1, 1]}, "method.skip_mlp: names a layer twice"),
+    ({"skip_mlp": [True]}, "method.skip_mlp: must be a list of layer indices"),
+    ({"skip_attention": [0, 1, 2, 3]}, "method.skip_attention: skips the attention of all 4 decoder layers"),
+    ({"skip_layers": [0], "skip_attention": [1, 2, 3]},
+     "method.skip_attention: with method.skip_layers it skips the attention of all 4 decoder layers"),
     ({"skip_ratio": 1.0}, "method.skip_ratio: must be in (0, 1)"),
     ({"search_trials": 0}, "method.search_trials: must be a positive integer"),
+    ({"search_space": "heads"}, "method.search_space: must be one of ['sublayers', 'layers'], got 'heads'"),
     ({"search_positions": 0}, "method.search_positions: must be a positive integer"),
 ])
 def test_swift_rejects_bad_settings(settings_, message):
@@ -253,6 +346,8 @@ def test_a_skip_set_past_a_tiny_pairs_layers_is_refused_before_loading():
                                "layers": 2, "backend": "transformers"})
     with pytest.raises(ConfigError, match=r"method.skip_layers: the target has 2 decoder layers \(0..1\); no layer"):
         Swift(stand_in, skip_layers=[2])
+    with pytest.raises(ConfigError, match=r"method.skip_mlp: the target has 2 decoder layers \(0..1\); no layer"):
+        Swift(stand_in, skip_mlp=[2])
 
 
 def test_targets_it_cannot_run_are_refused():

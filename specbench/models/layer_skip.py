@@ -9,8 +9,11 @@ maps that index to the kept layer's slot, so the kept layers run unchanged again
 
 It is called like a Hugging Face causal LM (``input_ids``, ``cache``, ``attention_mask`` (a 4-D tree mask too),
 ``position_ids``, ``logits_to_keep``) and returns ``.logits`` and the cache (cache_api.py): a ``CachedLM``
-drives it like any model (crop, keep_positions, tree feeds). Whole decoder layers are skipped (attention and MLP
-together); SWIFT may also skip the attention or the MLP sublayer alone, which this module does not do.
+drives it like any model (crop, keep_positions, tree feeds). ``skip`` drops whole decoder layers; ``skip_attention``
+and ``skip_mlp`` drop one sublayer of a layer (SWIFT's search space, Draft & Verify's too): the residual stream passes
+the skipped sublayer unchanged, h ← h + MLP(norm₂(h)) for a layer without its attention and h ← h + Attn(norm₁(h))
+for one without its MLP (``PartialLayer``, the Llama layout's decoder layer less one half). Only layers whose
+attention runs hold a slot in the cache.
 
 Layout: the Llama family as transformers 5 writes it (``model.model.layers`` / ``embed_tokens`` / ``norm`` /
 ``rotary_emb``, ``lm_head``: Llama, Qwen2, Mistral ...) with full attention in every layer; anything else is a
@@ -67,6 +70,46 @@ def check_skip_set(skip: Sequence[int], layers: int, key: str = "method.skip_lay
         raise ConfigError(f"{key}: skips all {layers} decoder layers; at least one must run")
 
 
+def check_sublayer_sets(attention: Sequence[int], mlp: Sequence[int], layers: int,
+                        keys: tuple[str, str] = ("method.skip_attention", "method.skip_mlp")) -> None:
+    """Sublayer skip sets must name existing layers and leave at least one attention sublayer running (the cache and
+    the positions live there); ConfigError naming the key."""
+    for skip, key in zip((attention, mlp), keys):
+        outside = sorted(i for i in skip if not 0 <= i < layers)
+        if outside:
+            raise ConfigError(f"{key}: the target has {layers} decoder layers (0..{layers - 1}); no layer {outside}")
+    if len(set(attention)) >= layers:
+        raise ConfigError(f"{keys[0]}: skips the attention of all {layers} decoder layers; at least one must run")
+
+
+class PartialLayer(torch.nn.Module):
+    """A Llama-layout decoder layer with its attention or its MLP sublayer skipped (module docstring): the
+    target's own sublayer modules, composed as the layer composes them, less the skipped half."""
+
+    def __init__(self, layer: torch.nn.Module, attention: bool, mlp: bool):
+        super().__init__()
+        missing = [name for name in ("input_layernorm", "self_attn", "post_attention_layernorm", "mlp")
+                   if not hasattr(layer, name)]
+        if missing:
+            raise ConfigError(f"method=swift: skipping one sublayer needs the Llama layout's decoder layer; "
+                              f"{type(layer).__name__} has no {', '.join(missing)}")
+        self.layer, self.attention, self.mlp = layer, attention, mlp
+        self.self_attn = layer.self_attn  # the cache slot map reads layer.self_attn.layer_idx
+        self.cache_arg = cache_argument(layer.self_attn)
+
+    def forward(self, hidden: torch.Tensor, attention_mask=None, position_embeddings=None, position_ids=None,
+                use_cache: bool = True, past_key_values=None, cache=None) -> torch.Tensor:  # hidden: (1, n, H)
+        if self.attention:  # the cache under the name the decoder layer took it by
+            out = self.layer.self_attn(hidden_states=self.layer.input_layernorm(hidden), attention_mask=attention_mask,
+                                       position_ids=position_ids, position_embeddings=position_embeddings,
+                                       use_cache=use_cache,
+                                       **{self.cache_arg: cache if cache is not None else past_key_values})
+            hidden = hidden + out[0]
+        if self.mlp:
+            hidden = hidden + self.layer.mlp(self.layer.post_attention_layernorm(hidden))
+        return hidden
+
+
 class SlotCache:
     """A view of the compact cache the target's attention modules write through: ``update(k, v, layer_idx)`` goes to
     the kept layer's slot. Anything else is the compact cache's own."""
@@ -82,25 +125,39 @@ class SlotCache:
 
 
 class LayerSkipModel(torch.nn.Module):
-    """The target less the decoder layers it skips (module docstring). ``skip``: full-model layer indices."""
+    """The target less the decoder layers and sublayers it skips (module docstring). ``skip``, ``skip_attention``,
+    ``skip_mlp``: full-model layer indices (whole layers; their attention; their MLP)."""
 
-    def __init__(self, target: torch.nn.Module, skip: Sequence[int]):
+    def __init__(self, target: torch.nn.Module, skip: Sequence[int] = (), skip_attention: Sequence[int] = (),
+                 skip_mlp: Sequence[int] = ()):
         super().__init__()
         layers = decoder_layer_count(target)
         check_skip_set(skip, layers)
-        self.kept = [i for i in range(layers) if i not in set(skip)]  # full-model indices, in order
+        check_sublayer_sets(skip_attention, skip_mlp, layers)
+        no_attention, no_mlp = set(skip) | set(skip_attention), set(skip) | set(skip_mlp)
+        if len(no_attention) >= layers:
+            raise ConfigError(f"method.skip_attention: with method.skip_layers it skips the attention of all "
+                              f"{layers} decoder layers; at least one must run")
+        self.kept = [i for i in range(layers) if not (i in no_attention and i in no_mlp)]  # in order
+        self.skip_attention = sorted(no_attention - no_mlp)  # layers that run their MLP alone
+        self.skip_mlp = sorted(no_mlp - no_attention)        # layers that run their attention alone
         base = target.model
         self.embed_tokens, self.norm, self.rotary_emb = base.embed_tokens, base.norm, base.rotary_emb
-        self.layers = torch.nn.ModuleList([base.layers[i] for i in self.kept])  # the target's modules, shared
+        # the target's modules, shared: a whole layer as it is, a partial one through PartialLayer
+        self.layers = torch.nn.ModuleList([
+            base.layers[i] if i not in no_attention and i not in no_mlp
+            else PartialLayer(base.layers[i], attention=i not in no_attention, mlp=i not in no_mlp)
+            for i in self.kept])
         self.lm_head = target.lm_head
         # the attention modules' own indices (their place in the full model) -> the compact cache's slots
-        self.slots = {layer.self_attn.layer_idx: slot for slot, layer in enumerate(self.layers)}
-        self.layer_cache_arg = cache_argument(self.layers[0])  # what this transformers version calls it
+        attending = [i for i in self.kept if i not in no_attention]
+        self.slots = {base.layers[i].self_attn.layer_idx: slot for slot, i in enumerate(attending)}
+        self.layer_cache_arg = cache_argument(base.layers[0])  # what this transformers version calls it
         self.mask_cache_arg = cache_argument(create_causal_mask)
         self.config = copy.copy(target.config)  # a shallow model's config: sizes the cache and the mask
-        self.config.num_hidden_layers = len(self.kept)
+        self.config.num_hidden_layers = len(attending)
         if getattr(self.config, "layer_types", None):
-            self.config.layer_types = [target.config.layer_types[i] for i in self.kept]
+            self.config.layer_types = [target.config.layer_types[i] for i in attending]
 
     def forward(self, input_ids: torch.Tensor, cache: DynamicCache | None = None, use_cache: bool = True,
                 attention_mask: torch.Tensor | None = None, position_ids: torch.Tensor | None = None,
