@@ -11,9 +11,9 @@ layers (``skip_layers``) and sublayers (``skip_attention``, ``skip_mlp``: one ha
 Verify skip), with a KV cache of its own (one cache per role), driven by speculative decoding's ``DraftChain``
 (γ tokens a step, or fewer with ``stop_confidence``); the target verifies in one forward (greedy at T = 0, exact
 rejection sampling with the draft's q above it). The skip set is the configured one when any of the three is
-given; else a set of whole layers is searched
-on the first prompt, inside that prompt's ``generate`` (its cost is that prompt's time, as SWIFT's on-the-fly
-optimisation is), and kept for the prompts after it (``carries_state``: warm start, docs/design.md).
+given; else it is searched on the first prompt, inside that prompt's ``generate`` (its cost is that prompt's time,
+as SWIFT's on-the-fly optimisation is), and kept for the prompts after it (``carries_state``: warm start,
+docs/design.md).
 
 The search (methods/swift_search.py), a simple honest stand-in for SWIFT's: ``search_trials`` random skip sets
 from SWIFT's space (the interior layers' attention and MLP sublayers, ``search_space: sublayers``; or whole layers),
@@ -92,10 +92,10 @@ class Swift(ProposerMethod):
         self.search_trials = positive_int(search_trials, "method.search_trials", "skip sets scored by the search")
         self.search_positions = positive_int(search_positions, "method.search_positions",
                                              "prompt positions each skip set is scored on")
-        given = skip_layers is not None or sublayers["attention"] or sublayers["mlp"]
+        configured = skip_layers is not None or sublayers["attention"] or sublayers["mlp"]
         self.sublayers = sublayers  # the configured sublayer skips, as given (checked against the layer count)
         self.configured = SkipSet.normalised(skip_layers or (), sublayers["attention"], sublayers["mlp"]) \
-            if given else None
+            if configured else None
         self.whole = list(skip_layers or ())
         known = getattr(pair, "num_layers", None)  # a tiny pair's config fixes it before loading
         if known is not None:
@@ -112,10 +112,7 @@ class Swift(ProposerMethod):
         if self.configured is None:
             return
         check_skip_set(self.whole, layers)
-        check_sublayer_sets(self.sublayers["attention"], self.sublayers["mlp"], layers)
-        if len(set(self.whole) | set(self.sublayers["attention"])) >= layers:
-            raise ConfigError(f"method.skip_attention: with method.skip_layers it skips the attention of all "
-                              f"{layers} decoder layers; at least one must run")
+        check_sublayer_sets(self.sublayers["attention"], self.sublayers["mlp"], layers, self.whole)
 
     def step_blocks(self) -> dict[str, int]:
         return {"target": self.gamma + 1}

@@ -27,7 +27,7 @@ import torch
 
 from ..decoding.cached_lm import CachedLM
 from ..errors import ConfigError
-from ..models.layer_skip import LayerSkipModel
+from ..models.layer_skip import LayerSkipModel, attention_runs
 
 SPACES = ("sublayers", "layers")
 
@@ -84,10 +84,6 @@ def as_skip_set(chosen: Sequence[tuple[str, int]]) -> SkipSet:
     return SkipSet.normalised(pick["layer"], pick["attention"], pick["mlp"])
 
 
-def runs_attention(skip: SkipSet, layers: int) -> bool:
-    return len(set(skip.layers) | set(skip.attention)) < layers
-
-
 def candidate_sets(units: int, size: int, trials: int, rng: random.Random) -> list[tuple[int, ...]]:
     """``trials`` distinct sets of ``size`` unit indices (every one there is when there are fewer), sorted tuples."""
     if math.comb(units, size) <= trials:
@@ -111,7 +107,7 @@ def search_skip_set(target: torch.nn.Module, prompt: Sequence[int], layers: int,
     reference = CachedLM(target).forward(prompt, keep_last=keep).argmax(-1)  # (keep,) the target's next tokens
     candidates = [as_skip_set([units[u] for u in drawn])
                   for drawn in candidate_sets(len(units), size, trials, random.Random(seed))]
-    candidates = [c for c in candidates if runs_attention(c, layers)]
+    candidates = [c for c in candidates if attention_runs(c.layers, c.attention, layers)]
     if not candidates:
         raise ConfigError(f"method.search_trials: every skip set drawn ({trials}) skips all {layers} attention "
                           "sublayers; raise method.search_trials or lower method.skip_ratio")

@@ -70,16 +70,23 @@ def check_skip_set(skip: Sequence[int], layers: int, key: str = "method.skip_lay
         raise ConfigError(f"{key}: skips all {layers} decoder layers; at least one must run")
 
 
-def check_sublayer_sets(attention: Sequence[int], mlp: Sequence[int], layers: int,
+def attention_runs(skip: Sequence[int], attention: Sequence[int], layers: int) -> bool:
+    """Whether a skip set (whole layers ``skip``, attention sublayers ``attention``) leaves an attention sublayer
+    running: the cache and the positions live there."""
+    return len(set(skip) | set(attention)) < layers
+
+
+def check_sublayer_sets(attention: Sequence[int], mlp: Sequence[int], layers: int, skip: Sequence[int] = (),
                         keys: tuple[str, str] = ("method.skip_attention", "method.skip_mlp")) -> None:
-    """Sublayer skip sets must name existing layers and leave at least one attention sublayer running (the cache and
-    the positions live there); ConfigError naming the key."""
-    for skip, key in zip((attention, mlp), keys):
-        outside = sorted(i for i in skip if not 0 <= i < layers)
+    """Sublayer skip sets must name existing layers and, with the whole layers ``skip``, leave at least one attention
+    sublayer running; ConfigError naming the key."""
+    for chosen, key in zip((attention, mlp), keys):
+        outside = sorted(i for i in chosen if not 0 <= i < layers)
         if outside:
             raise ConfigError(f"{key}: the target has {layers} decoder layers (0..{layers - 1}); no layer {outside}")
-    if len(set(attention)) >= layers:
-        raise ConfigError(f"{keys[0]}: skips the attention of all {layers} decoder layers; at least one must run")
+    if not attention_runs(skip, attention, layers):
+        raise ConfigError(f"{keys[0]}: {'with method.skip_layers it ' if skip else ''}skips the attention of all "
+                          f"{layers} decoder layers; at least one must run")
 
 
 class PartialLayer(torch.nn.Module):
@@ -94,7 +101,6 @@ class PartialLayer(torch.nn.Module):
             raise ConfigError(f"method=swift: skipping one sublayer needs the Llama layout's decoder layer; "
                               f"{type(layer).__name__} has no {', '.join(missing)}")
         self.layer, self.attention, self.mlp = layer, attention, mlp
-        self.self_attn = layer.self_attn  # the cache slot map reads layer.self_attn.layer_idx
         self.cache_arg = cache_argument(layer.self_attn)
 
     def forward(self, hidden: torch.Tensor, attention_mask=None, position_embeddings=None, position_ids=None,
@@ -133,11 +139,8 @@ class LayerSkipModel(torch.nn.Module):
         super().__init__()
         layers = decoder_layer_count(target)
         check_skip_set(skip, layers)
-        check_sublayer_sets(skip_attention, skip_mlp, layers)
+        check_sublayer_sets(skip_attention, skip_mlp, layers, skip)
         no_attention, no_mlp = set(skip) | set(skip_attention), set(skip) | set(skip_mlp)
-        if len(no_attention) >= layers:
-            raise ConfigError(f"method.skip_attention: with method.skip_layers it skips the attention of all "
-                              f"{layers} decoder layers; at least one must run")
         self.kept = [i for i in range(layers) if not (i in no_attention and i in no_mlp)]  # in order
         self.skip_attention = sorted(no_attention - no_mlp)  # layers that run their MLP alone
         self.skip_mlp = sorted(no_mlp - no_attention)        # layers that run their attention alone
