@@ -24,9 +24,16 @@ def loop_methods(pair, gamma: int) -> dict:
         "ouroboros": Ouroboros(pair, gamma=gamma, window=4, beta=3, top_k=2),
         "prompt_lookup": PromptLookup(pair, "prompt_lookup", num_pred_tokens=gamma),
         "token_recycling": TokenRecycling(pair, "token_recycling", tree=[2, 1, 1][:gamma]),
-        **({"swift": Swift(pair, gamma=gamma, search_trials=2)} if runs_layer_skipping(pair) else {}),  # torch only
+        **({"swift": swift(pair, gamma)} if runs_layer_skipping(pair) else {}),  # torch only
         "sam_decoding": SamDecoding(pair, "sam_decoding", max_draft=gamma),
         "sam_speculative": SamDecoding(pair, "sam_speculative", max_draft=gamma, min_match_length=2,
                                        fallback=SpeculativeDecoding(pair, "speculative", gamma=gamma)),
         "suffix": SuffixDecoding(pair, max_depth=6, max_spec_factor=2.0, max_tree_nodes=gamma + 2),
     }
+
+
+def swift(pair, gamma: int) -> Swift:
+    """SWIFT with its optimisation from the target's cache; a static cache: a fixed set drafting from its own."""
+    if pair.execution.static:
+        return Swift(pair, gamma=gamma, skip_layers=[1], draft_cache="own")
+    return Swift(pair, gamma=gamma, context_window=2, bayes_interval=2)

@@ -1,16 +1,15 @@
-"""method=swift (self-speculation by layer skipping): the layer-skipped model against reference computations (the
-full model when nothing is skipped, a shallow model built by hand otherwise, the full model with zeroed output
-projections for skipped sublayers; chunked, cropped and tree feeds), the
-skip-set search on hand-made targets, output identical to greedy at T = 0, distributed as the target at T > 0,
-the draft's cache right after rejections, warm start of the searched set, and bad settings."""
-import math
-import random
-
+"""method=swift (SWIFT, self-speculation by layer skipping): the layer-skipped model against reference computations
+(the full model when nothing is skipped, a shallow model built by hand otherwise, the full model with zeroed output
+projections for skipped sublayers; chunked, cropped and tree feeds), drafting from the target's cache against a
+cache built by hand, the confidence-sized tree on scripted logits, output identical to greedy at T = 0 (with the
+optimisation changing the set mid-generation), distributed as the target at T > 0, an own cache right after
+rejections, warm start of the optimisation, and bad settings. The optimisation itself: test_swift_search.py."""
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from transformers import LlamaForCausalLM
+from transformers.cache_utils import DynamicCache
 
 from specbench.config_check import ConfigOnlyPair
 from specbench.decoding.cached_lm import CachedLM
@@ -19,7 +18,8 @@ from specbench.errors import ConfigError
 from specbench.methods.base import NoTimeline
 from specbench.methods.greedy import Greedy
 from specbench.methods.swift import Swift
-from specbench.methods.swift_search import SkipSet, candidate_sets, search_skip_set, skip_size, skip_units
+from specbench.methods.swift_draft import SkipDraftLM, SwiftProposer, tree_width
+from specbench.methods.swift_search import SkipSet
 from specbench.models.layer_skip import LayerSkipModel
 from specbench.models.pair import ModelPair, prepare_for_inference
 from specbench.models.precision import resolve_precision
@@ -155,56 +155,116 @@ def test_the_draft_shares_the_targets_weights_and_leaves_its_cache_alone():
     assert len(lm.cache.layers) == 4 and before.shape[0] == 6
 
 
-# -- the search -------------------------------------------------------------------------------------------------------
+# -- drafting from the target's cache ---------------------------------------------------------------------------------
 
-def test_candidate_sets_are_distinct_sets_of_the_size_and_all_of_them_when_few():
-    drawn = candidate_sets(10, 4, 12, random.Random(1))
-    assert len(drawn) == 12 == len(set(drawn)) and all(len(c) == 4 and list(c) == sorted(c) for c in drawn)
-    assert drawn == candidate_sets(10, 4, 12, random.Random(1))  # seeded
-    assert drawn != candidate_sets(10, 4, 12, random.Random(2))
-    assert candidate_sets(4, 2, 12, random.Random(1)) == [(0, 1), (0, 2), (0, 3), (1, 2), (1, 3), (2, 3)]
-
-
-def test_the_search_space_keeps_the_first_and_last_layers_and_sizes_as_swift_does():
-    assert skip_units(6, "layers") == [("layer", i) for i in (1, 2, 3, 4)]
-    assert skip_units(4, "sublayers") == [("attention", 1), ("attention", 2), ("mlp", 1), ("mlp", 2)]
-    assert skip_units(2, "sublayers") == [("attention", 0), ("attention", 1), ("mlp", 0), ("mlp", 1)]  # no interior
-    assert skip_size(52, 0.45, "sublayers") == 23       # SWIFT on a 28-layer model: int(2 * 26 * 0.45)
-    assert skip_size(4, 0.45, "layers") == 2 and skip_size(4, 0.1, "layers") == 1 and skip_size(4, 0.99, "layers") == 3
-    assert SkipSet.normalised([2], [1, 3], [3, 4]) == SkipSet((2, 3), (1,), (4,))  # both halves: a whole layer
+def hand_built_prefix(target, ids, attending):
+    """A DynamicCache holding the full target's keys and values of ``ids`` for the layers ``attending``, one slot
+    each, put there with the cache's own ``update`` (not the views SkipDraftLM uses): the reference for drafting
+    from the target's cache."""
+    full = CachedLM(target)
+    full.forward(ids)
+    cache = DynamicCache()
+    for slot, i in enumerate(attending):
+        cache.update(full.cache.layers[i].keys.clone(), full.cache.layers[i].values.clone(), slot)
+    return cache
 
 
-def test_the_search_finds_the_layers_that_do_nothing():
+@pytest.mark.parametrize("skip", [SkipSet((1,)), SkipSet((), (1, 2), (2,)), SkipSet((2,), (), (1,))])
+def test_the_draft_reads_the_targets_cache_and_gives_it_back_unchanged(skip):
+    target = deep_pair(4).target
+    lm = CachedLM(target)
+    lm.forward(IDS[:8])  # the committed tokens but x0 = IDS[8]
+    before = [(layer.keys.clone(), layer.values.clone()) for layer in lm.cache.layers]
+    draft = SkipDraftLM(lm, skip, shared=True)
+    draft.begin()
+    assert draft.length == 8
+    got = torch.cat([draft.forward(IDS[8:9]), draft.forward(IDS[9:11])])  # x0, then two drafted tokens
+    assert lm.cache.layers[draft.model.attending[0]].keys.shape[-2] == 11  # they went into the target's cache
+    draft.end(8)
+    assert lm.length == 8 and draft.cache is None
+    for (keys, values), layer in zip(before, lm.cache.layers):
+        assert torch.equal(layer.keys, keys) and torch.equal(layer.values, values)
+    model = skip.model(target)
+    want = model(torch.tensor([IDS[8:11]]), cache=hand_built_prefix(target, IDS[:8], model.attending)).logits[0]
+    torch.testing.assert_close(got, want.float(), atol=1e-5, rtol=1e-5)
+    own = CachedLM(skip.model(target)).forward(IDS[:11])[8:]  # its own cache: its own keys for the prompt
+    assert not torch.allclose(got, own, atol=1e-3)
+    # the optimisation's scoring forward: after the first 5 positions, the target's cache untouched
+    scored = draft.teacher_forced(skip, IDS[5:9], 5)
+    want = model(torch.tensor([IDS[5:9]]), cache=hand_built_prefix(target, IDS[:5], model.attending)).logits[0]
+    torch.testing.assert_close(scored, want.float(), atol=1e-5, rtol=1e-5)
+    assert lm.length == 8 and draft.sizes[-1] == 4 and draft.contexts[-1] == 5
+
+
+def test_with_silenced_sublayers_the_shared_draft_is_the_target():
+    """Skipping sublayers that write nothing leaves every hidden state as the target's, so a draft that reads the
+    target's cache predicts exactly the target's tokens: every drafted chain token is accepted."""
     pair = build_tiny_pair(name="tiny-llama-6", layers=6, seed=3, load_draft=False)
-    silence(pair.target, [1, 3, 4])
-    skip, record = search_skip_set(pair.target, IDS, 6, "layers", 0.75, math.comb(4, 3), 64, seed=0)
-    assert skip == SkipSet((1, 3, 4)) and max(record["matchness"]) == 1.0
-    assert record["positions"] == len(IDS) and record["draft_forwards"] == 4 and record["size"] == 3
-    # fewer trials: random sets of the size, deterministic under the seed
-    again = [search_skip_set(pair.target, IDS, 6, "layers", 0.75, 2, 4, seed=7) for _ in range(2)]
-    assert again[0] == again[1] and len(again[0][0].layers) == 3 and again[0][1]["positions"] == 4
-    # a method searching on its first prompt then drafts with the found set: every draft token accepted
-    method = Swift(pair, gamma=3, search_space="layers", skip_ratio=0.75, search_trials=20)
-    gen = method.generate(IDS, 20, set())
-    assert gen.extra["skip_layers"] == [1, 3, 4] and gen.extra["skip_source"] == "search"
-    assert gen.accept_lengths == [4] * 5 and gen.draft_forwards == 15
-
-
-def test_the_search_finds_the_sublayers_that_do_nothing_and_never_touches_the_ends():
-    pair = build_tiny_pair(name="tiny-llama-6", layers=6, seed=3, load_draft=False)
-    with torch.no_grad():  # layers 1 and 2 attend to nothing, layers 3 and 4 have no MLP
+    with torch.no_grad():
         for i in (1, 2):
             pair.target.model.layers[i].self_attn.o_proj.weight.zero_()
         for i in (3, 4):
             pair.target.model.layers[i].mlp.down_proj.weight.zero_()
-    skip, record = search_skip_set(pair.target, IDS, 6, "sublayers", 0.5, math.comb(8, 4), 64, seed=0)
-    assert skip == SkipSet((), (1, 2), (3, 4)) and record["units"] == 8 and record["size"] == 4
-    assert record["draft_forwards"] == 70 and record["matchness"].count(1.0) >= 1
-    assert all(0 not in sum(c.values(), []) and 5 not in sum(c.values(), []) for c in record["candidates"])
-    method = Swift(pair, gamma=3, skip_ratio=0.5, search_trials=70)  # SWIFT's space is the default
+    method = Swift(pair, gamma=3, stop_confidence=None, skip_attention=[1, 2], skip_mlp=[3, 4])
     gen = method.generate(IDS, 20, set())
-    assert (gen.extra["skip_layers"], gen.extra["skip_attention"], gen.extra["skip_mlp"]) == ([], [1, 2], [3, 4])
-    assert gen.accept_lengths == [4] * 5
+    assert gen.accept_lengths == [1] + [4] * 4 + [3]  # the prefill, then γ + 1 a step, the last cut by the budget
+    assert gen.extra["sl"] == [0, 3, 3, 3, 3, 2] and gen.extra["skip_source"] == "config"
+
+
+def test_the_tree_is_the_top_k_at_each_depth_of_the_chain_sized_by_confidence():
+    assert [tree_width(p, True) for p in (0.99, 0.95, 0.9, 0.8, 0.6, 0.5, 0.1)] == [3, 5, 5, 8, 8, 10, 10]
+    assert [tree_width(p, False) for p in (0.99, 0.9, 0.6, 0.1)] == [1, 3, 5, 10]
+    proposer = SwiftProposer(None, 0, 4, 0.8, True)
+    proposal = proposer.proposal([([7, 3, 9], None), ([4, 5], None), ([6], None)])
+    assert proposal.tokens == [7, 3, 9, 4, 5, 6] and proposal.parents == [-1, -1, -1, 0, 0, 3]
+    assert proposer.chain_nodes == [0, 3, 5] and proposal.depth == 3 and proposal.probs is None
+
+
+class ScriptedDraft:
+    """A draft whose logits at each depth are given (one row per forward): what the proposer drafts from them."""
+
+    def __init__(self, rows):
+        self.rows, self.shared, self.length, self.fed = list(rows), False, 0, []
+
+    def begin(self):
+        pass
+
+    def end(self, committed):
+        pass
+
+    def forward(self, ids, keep_last=None):
+        self.fed.append(list(ids))
+        self.length += len(ids)
+        return self.rows.pop(0)[None]
+
+
+def logits_with(probabilities) -> torch.Tensor:
+    """(V,) logits whose softmax is ``probabilities`` (ids 0..)."""
+    return torch.log(torch.tensor(probabilities, dtype=torch.float32))
+
+
+def test_drafting_stops_after_the_first_unsure_token_and_sizes_each_depth():
+    from specbench.decoding.proposal import StepContext
+    from specbench.decoding.sampling import Sampler
+
+    vocab = 16
+    def peaked(token, p):  # token gets p, the rest share 1 - p in decreasing order after it
+        rest = [(1 - p) * (0.5 ** (i + 1)) for i in range(vocab - 1)]
+        rest[-1] += (1 - p) - sum(rest)
+        probs = rest[:token] + [p] + rest[token:]
+        return logits_with(probs)
+
+    rows = [peaked(2, 0.97), peaked(5, 0.9), peaked(1, 0.6), peaked(4, 0.99)]
+    draft = ScriptedDraft(rows)
+    proposer = SwiftProposer(draft, 3, 25, 0.8, True)
+    context = StepContext([9, 9, 9, 9], 1, 10, set(), Sampler())
+    proposal = proposer.propose(context)
+    assert draft.fed == [[9, 9, 9, 9], [2], [5]]  # the third token (0.6) is drafted, then it stops
+    assert [proposal.parents.count(p) for p in (-1, 0, 3)] == [3, 5, 8]
+    assert proposal.tokens[:3][0] == 2 and proposal.tokens[3] == 5 and proposal.tokens[8] == 1
+    assert proposal.depth == 3
+    chain = SwiftProposer(ScriptedDraft(rows), 3, 2, None, False).propose(context)  # γ 2, no stop, no tree
+    assert chain.tokens == [2, 5] and chain.is_chain
 
 
 # -- exactness ------------------------------------------------------------------------------------------------------
@@ -216,7 +276,11 @@ cases = st.fixed_dictionaries({
     "skip_mlp": st.sets(st.integers(0, 3), max_size=3),
     "prompt": st.lists(st.integers(3, 258), min_size=1, max_size=12),
     "gamma": st.integers(1, 6),
-    "stop_confidence": st.one_of(st.none(), st.sampled_from([0.05, 0.2])),
+    "stop_confidence": st.one_of(st.none(), st.sampled_from([0.05, 0.2, 0.8])),
+    "tree": st.booleans(),
+    "draft_cache": st.sampled_from(["target", "own"]),
+    "context_window": st.integers(1, 4),
+    "bayes_interval": st.sampled_from([0, 2]),
     "max_new_tokens": st.integers(1, 40),
     "eos_pick": st.one_of(st.none(), st.integers(0, 39)),
 })
@@ -225,26 +289,39 @@ cases = st.fixed_dictionaries({
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(case=cases)
 def test_swift_equals_greedy(case):
+    """Every setting, a fixed skip set or the optimisation changing it mid-generation: greedy's tokens."""
     pair = deep_pair(case["layers"])
     skip = sorted(i for i in case["skip"] or () if i < case["layers"]) or None
     attention = sorted(i for i in case["skip_attention"] if i < case["layers"] and i not in (skip or ()))
     attention = attention[:case["layers"] - len(skip or ()) - 1]  # an attention sublayer always runs
     mlp = sorted(i for i in case["skip_mlp"] if i < case["layers"])
+    configured = bool(skip or attention or mlp)
+    draft_cache = case["draft_cache"] if configured else "target"  # own: a fixed set only
     ref, eos = greedy_reference(pair, case["prompt"], case["max_new_tokens"], case["eos_pick"])
     method = Swift(pair, gamma=case["gamma"], skip_layers=skip, skip_attention=attention or None,
-                   skip_mlp=mlp or None, stop_confidence=case["stop_confidence"], search_trials=3)
+                   skip_mlp=mlp or None, stop_confidence=case["stop_confidence"], tree=case["tree"],
+                   draft_cache=draft_cache, context_window=case["context_window"],
+                   bayes_interval=case["bayes_interval"])
     gen = method.generate(case["prompt"], case["max_new_tokens"], eos)
     assert gen.tokens == ref.tokens
     check_counters(gen, "swift")
-    assert gen.target_forwards == len(gen.accept_lengths)
+    assert gen.target_forwards == len(gen.accept_lengths) == len(gen.extra["sl"]) == len(gen.extra["nodes"])
     assert all(n <= case["gamma"] + 1 for n in gen.accept_lengths)
-    assert gen.extra["skip_source"] == ("config" if skip or attention or mlp else "search")
-    if skip or attention or mlp:  # the configured set, normalised (both halves of a layer: a whole layer)
+    assert all(d <= case["gamma"] for d in gen.extra["sl"])
+    assert gen.extra["skip_source"] == ("config" if configured else "initial")
+    if draft_cache == "target":  # the prefill drafts nothing
+        assert gen.extra["sl"][0] == 0 and gen.accept_lengths[0] == 1
+    if configured:  # the configured set, normalised (both halves of a layer: a whole layer)
         want = {"skip_layers": sorted(set(skip or ()) | (set(attention) & set(mlp))),
                 "skip_attention": sorted(set(attention) - set(mlp) - set(skip or ())),
                 "skip_mlp": sorted(set(mlp) - set(attention) - set(skip or ()))}
         assert {k: gen.extra.get(k, []) for k in want} == want
-    assert len(gen.extra["sl"]) == len(gen.accept_lengths)
+    else:  # the optimisation ran once more than W + 1 tokens were committed
+        steps = gen.extra.get("optimisation", {}).get("step", [])
+        assert len(steps) == gen.extra["optimisation_state"]["iterations"]
+        forwards = [(n, c) for n, c in zip(gen.forward_sizes["draft"], gen.forward_contexts["draft"])
+                    if n == case["context_window"] + 1 and c == len(case["prompt"])]
+        assert len(forwards) >= len(steps)  # each scored by one forward after the prompt
 
 
 def small_vocab_target(layers: int = 3, seed: int = 0) -> ModelPair:
@@ -258,14 +335,15 @@ def small_vocab_target(layers: int = 3, seed: int = 0) -> ModelPair:
 
 def test_sampling_is_distributed_as_the_target():
     """3000 generations of at most 3 tokens against the target's exact distribution over all of them, drafted by the
-    target less its layer 1 (q passed to rejection sampling); power: the same samples are far from the draft's."""
+    target less its layer 1 from the target's cache (a tree of siblings drawn without replacement; a chain is the
+    tree of one sibling a depth); power: the same samples are far from the draft's."""
     pair = small_vocab_target()
     target = exact_sequence_distribution(pair.target, 1.0, 1.0, PROMPT, MAX_NEW, {EOS})
     draft = exact_sequence_distribution(LayerSkipModel(pair.target, [1]), 1.0, 1.0, PROMPT, MAX_NEW, {EOS})
-    method = Swift(pair, gamma=2, skip_layers=[1], temperature=1.0)
+    method = Swift(pair, gamma=2, skip_layers=[1], stop_confidence=None, temperature=1.0)
     counts, gens = sample_generations(method, PROMPT, MAX_NEW, {EOS}, 3000)
     drafted, accepted = sum(g.drafted for g in gens), sum(g.accepted for g in gens)
-    assert 0.3 * drafted < accepted < 0.95 * drafted  # rejections happen, and so do acceptances
+    assert 0.1 * drafted < accepted < 0.95 * drafted  # rejections happen, and so do acceptances
     assert goodness_of_fit(counts, target) > 1e-3
     assert goodness_of_fit(counts, draft) < 1e-6
     method.reset(5)
@@ -273,11 +351,12 @@ def test_sampling_is_distributed_as_the_target():
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
-def test_the_drafts_cache_holds_the_committed_tokens_after_rejections(temperature):
+def test_an_own_cache_holds_the_committed_tokens_after_rejections(temperature):
     pair = deep_pair(4)
-    method = Swift(pair, gamma=4, skip_layers=[1, 2], temperature=temperature, seed=1)
-    proposer = method.make_proposer(IDS)
-    gen = speculative_generate(pair.lm("target"), proposer, IDS, 30, set(), method.sampler, NoTimeline())
+    method = Swift(pair, gamma=4, skip_layers=[1, 2], draft_cache="own", temperature=temperature, seed=1)
+    target = pair.lm("target")
+    proposer = SwiftProposer(SkipDraftLM(target, SkipSet((1, 2)), False), len(IDS), 4, 0.8, True)
+    gen = speculative_generate(target, proposer, IDS, 30, set(), method.sampler, NoTimeline())
     assert gen.accepted < gen.drafted  # rejections happened
     tokens = IDS + gen.tokens
     draft = proposer.draft
@@ -289,28 +368,26 @@ def test_the_drafts_cache_holds_the_committed_tokens_after_rejections(temperatur
 
 # -- warm start -----------------------------------------------------------------------------------------------------
 
-def test_the_searched_set_carries_to_the_next_prompt_and_a_configured_one_carries_nothing():
+def test_the_optimisation_carries_to_the_next_prompt_and_a_configured_set_carries_nothing():
     pair = deep_pair(4)
-    method = Swift(pair, gamma=2, search_trials=4)
+    method = Swift(pair, gamma=2, context_window=2, bayes_interval=2)
     assert method.carries_state and method.carried_state() is None
-    first = method.generate(IDS, 5, set())
-    assert first.extra["skip_source"] == "search"
-    state = method.carried_state()  # one interior sublayer of layers 1-2: int(2 * 2 * 0.45)
-    assert sum(map(len, state.values())) == 1 and set(sum(state.values(), [])) <= {1, 2}
-    assert SkipSet.from_state(state).extra() == {k: first.extra[k] for k in ("skip_layers", "skip_attention",
-                                                                             "skip_mlp") if k in first.extra}
-    state["layers"].append(0)  # a copy
-    assert method.carried_state()["layers"] == []
-    method.reset(1)
-    second = method.generate(IDS[:4], 5, set())
-    assert second.extra["skip_source"] == "carried" and "search" not in second.extra
-    method.reset(0)
-    method.restore_state(None)  # a new method's state: it searches again (seeded by sampling.seed)
-    assert method.generate(IDS, 5, set()).extra == first.extra
-    method.restore_state([1])  # a state of whole layers, as kept before sublayers existed
-    assert method.self_draft().kept == [0, 2, 3]
+    first = method.generate(IDS, 12, set())
+    assert first.extra["skip_source"] == "initial" and first.extra["skip_layers"] == [1]  # SWIFT's start: layer 1
+    state = method.carried_state()
+    done = first.extra["optimisation_state"]["iterations"]
+    assert done == len(first.extra["optimisation"]["step"]) > 0 and state["iterations"] == done
+    method.carried_state()["points"].append([9.0])  # a copy
+    assert len(method.carried_state()["points"]) == done == len(state["points"])
+    second = method.generate(IDS[:4], 12, set())
+    assert second.extra["skip_source"] == "optimised" and second.extra["optimisation_state"]["iterations"] > done
+    method.restore_state(state)  # the state before the second prompt: the same candidates again
+    again = method.generate(IDS[:4], 12, set())
+    assert again.extra["optimisation"] == second.extra["optimisation"] and again.tokens == second.tokens
+    method.restore_state(None)  # a new method's start
+    assert method.generate(IDS, 12, set()).extra == first.extra
     assert not Swift(pair, skip_layers=[1]).carries_state
-    assert not Swift(pair, skip_mlp=[1]).carries_state
+    assert not Swift(pair, skip_mlp=[1], draft_cache="own").carries_state
 
 
 # -- bad settings -----------------------------------------------------------------------------------------------------
@@ -318,6 +395,9 @@ def test_the_searched_set_carries_to_the_next_prompt_and_a_configured_one_carrie
 @pytest.mark.parametrize("settings_, message", [
     ({"gamma": 0}, "method.gamma: must be a positive integer"),
     ({"stop_confidence": 1.5}, "method.stop_confidence: must be a probability in [0, 1] or null, got 1.5"),
+    ({"tree": "yes"}, "method.tree: must be true (SWIFT's top-k tree) or false, got 'yes'"),
+    ({"draft_cache": "shared"}, "method.draft_cache: must be one of ['target', 'own'], got 'shared'"),
+    ({"draft_cache": "own"}, "method.draft_cache: own needs a fixed skip set"),
     ({"skip_layers": [4]}, "method.skip_layers: the target has 4 decoder layers (0..3); no layer [4]"),
     ({"skip_layers": [-1, 1]}, "method.skip_layers: the target has 4 decoder layers (0..3); no layer [-1]"),
     ({"skip_layers": [0, 1, 2, 3]}, "method.skip_layers: skips all 4 decoder layers; at least one must run"),
@@ -331,9 +411,14 @@ def test_the_searched_set_carries_to_the_next_prompt_and_a_configured_one_carrie
     ({"skip_layers": [0], "skip_attention": [1, 2, 3]},
      "method.skip_attention: with method.skip_layers it skips the attention of all 4 decoder layers"),
     ({"skip_ratio": 1.0}, "method.skip_ratio: must be in (0, 1)"),
-    ({"search_trials": 0}, "method.search_trials: must be a positive integer"),
     ({"search_space": "heads"}, "method.search_space: must be one of ['sublayers', 'layers'], got 'heads'"),
-    ({"search_positions": 0}, "method.search_positions: must be a positive integer"),
+    ({"context_window": 0}, "method.context_window: must be a positive integer"),
+    ({"opt_interval": 0}, "method.opt_interval: must be a positive integer"),
+    ({"bayes_interval": -1}, "method.bayes_interval: must be an integer >= 0"),
+    ({"max_opt_iter": 0}, "method.max_opt_iter: must be a positive integer"),
+    ({"max_tolerance_iter": 1.5}, "method.max_tolerance_iter: must be a positive integer"),
+    ({"max_score": None}, "method.max_score: must be a matchness in [0, 1], got null"),
+    ({"max_score": 2}, "method.max_score: must be a probability in [0, 1] or null, got 2"),
 ])
 def test_swift_rejects_bad_settings(settings_, message):
     with pytest.raises(ConfigError) as caught:
@@ -348,6 +433,11 @@ def test_a_skip_set_past_a_tiny_pairs_layers_is_refused_before_loading():
         Swift(stand_in, skip_layers=[2])
     with pytest.raises(ConfigError, match=r"method.skip_mlp: the target has 2 decoder layers \(0..1\); no layer"):
         Swift(stand_in, skip_mlp=[2])
+    static = ConfigOnlyPair({"_target_": "specbench.models.tiny.build_tiny_pair", "name": "tiny-llama",
+                             "layers": 2, "backend": "transformers", "execution": "static"})
+    with pytest.raises(ConfigError, match=r"method.draft_cache: target reads the target's dynamic KV cache; "
+                                          r"model.execution=static"):
+        Swift(static)
 
 
 def test_targets_it_cannot_run_are_refused():
@@ -393,4 +483,4 @@ def test_the_bound_prices_the_draft_forwards_with_the_layer_skipped_target(monke
     assert priced["draft_ms"] is not None
     free = costs.run_bound(pair, run, base, IDS)  # what the bound was without it: the draft's forwards free
     assert free["draft_ms"] is None and priced["bound"] < free["bound"]
-    assert Swift(pair).self_draft() is None  # nothing searched yet
+    assert Swift(pair).self_draft().kept == [0, 2, 3]  # before any optimisation: SWIFT's start

@@ -61,7 +61,7 @@ def makers(pair):
         "ouroboros_warm": lambda: Ouroboros(pair, gamma=4, window=4, beta=3, top_k=2, warm_start=True),
         "dyn_heur": lambda: SpeculativeDecoding(pair, "dyn_heur", policy=HeuristicSL(initial=2, persistent=True)),
         "token_recycling": lambda: TokenRecycling(pair, tree=[2, 2, 1], warm_start=True),
-        "swift": lambda: Swift(pair, gamma=3, search_trials=2),  # the skip set searched on prompt 0
+        "swift": lambda: Swift(pair, gamma=3, context_window=2, bayes_interval=2),  # the optimisation carries
         "suffix": lambda: SuffixDecoding(pair, max_cached_requests=3),  # 4 prompts: the cap evicts too
     }
 

@@ -1,33 +1,38 @@
-"""What method=swift skips, and the random search that picks it on the first prompt (methods/swift.py).
+"""What method=swift skips, and SWIFT's optimisation of it, interleaved with decoding (Xia et al. 2024, §3.2).
 
 A skip set (``SkipSet``) names whole decoder layers and single sublayers (a layer's attention or its MLP); it is kept
-normalised: a layer with both halves skipped is a whole layer. The search draws candidate sets from a space of
-*units*: SWIFT's (Xia et al. 2024) is every attention and MLP sublayer of the interior layers (the first and last
-layers are always kept), ``search_space: sublayers``; ``layers`` draws whole layers instead (Draft & Verify's coarser
-space). A target of two layers has no interior: its ends cannot be kept, and the search draws from all of them.
+normalised: a layer with both halves skipped is a whole layer. The optimisation draws candidate sets from a space of
+*units*: SWIFT's is every attention and MLP sublayer of the interior layers (the first and last layers are always
+kept), ``search_space: sublayers``; ``layers`` draws whole interior layers instead (Draft & Verify's coarser space).
+A target of two layers has no interior: its ends cannot be kept, and the units are all of its (sub)layers.
 
-Size: SWIFT skips int(2 · (L − 2) · r) sublayers, r the skip ratio (0.45: 23 of a 28-layer model's 52 interior
-sublayers); whole layers: round(r · L') of the L' layers drawn from. A candidate that skips every attention
-sublayer is never drawn (the cache and the positions live there).
-
-Scoring (a stand-in for SWIFT's, which interleaves Bayesian optimisation with decoding and scores on generated
-text): one teacher-forced target forward over the prompt gives the target's argmax at the last ``positions``
-prompt positions; each candidate is scored by one teacher-forced forward of the layer-skipped model over the prompt,
-its matchness the share of those positions where its argmax equals the target's. The best wins, the first drawn on a
-tie.
+The optimisation as SWIFT's code runs it (hemingkx/SWIFT, ``swift_optimization`` and its ``statistics``), state
+carried from prompt to prompt:
+- start: SWIFT's unified initialisation, the attention and MLP of every other interior layer (1, 3, 5, ...);
+- once more than ``context_window`` + 1 tokens of a prompt are generated, every ``opt_interval``-th step after
+  its verification: one candidate of int(2 (L − 2) r) units (r the skip ratio; whole layers: round((L − 2) r)) —
+  uniformly random, or every ``bayes_interval``-th iteration the units with the largest coordinates of a Gaussian-
+  process UCB suggestion over [0, 1]^units (gp_ucb.py) fitted to every candidate scored so far (random ones as 0/1
+  points);
+- its matchness: one forward of the candidate's layer-skipped target over the prompt's first ``context_window`` + 1
+  generated tokens, after the target's cache of the prompt (as a prefix, untouched), the share of the
+  ``context_window`` positions whose argmax is the next generated token;
+- kept when it beats the best matchness so far, else the set in use stays; the optimisation stops for good when
+  the best passes ``max_score``, after more than ``max_tolerance`` iterations in a row without gain, or more than
+  ``max_iterations`` in all.
+A candidate that skips every attention sublayer (possible only without an interior) scores 0 without a forward.
 """
 from __future__ import annotations
 
-import math
-import random
-from itertools import combinations
-from typing import NamedTuple, Sequence
+import copy
+from typing import Callable, NamedTuple, Sequence
 
+import numpy as np
 import torch
 
-from ..decoding.cached_lm import CachedLM
 from ..errors import ConfigError
 from ..models.layer_skip import LayerSkipModel, attention_runs
+from .gp_ucb import suggest
 
 SPACES = ("sublayers", "layers")
 
@@ -46,6 +51,9 @@ class SkipSet(NamedTuple):
     def model(self, target: torch.nn.Module) -> LayerSkipModel:
         return LayerSkipModel(target, self.layers, self.attention, self.mlp)
 
+    def runs_attention(self, layers: int) -> bool:
+        return attention_runs(self.layers, self.attention, layers)
+
     def extra(self) -> dict:
         """The record's keys: ``skip_layers`` always, ``skip_attention`` / ``skip_mlp`` when not empty."""
         return {"skip_layers": list(self.layers),
@@ -57,14 +65,12 @@ class SkipSet(NamedTuple):
 
     @classmethod
     def from_state(cls, state) -> "SkipSet":
-        if isinstance(state, dict):
-            return cls.normalised(state.get("layers", ()), state.get("attention", ()), state.get("mlp", ()))
-        return cls.normalised(state)  # a list: whole layers
+        return cls.normalised(state.get("layers", ()), state.get("attention", ()), state.get("mlp", ()))
 
 
 def skip_units(layers: int, space: str) -> list[tuple[str, int]]:
-    """What the search draws from: ("layer", i), or ("attention", i) and ("mlp", i), for the interior layers (all of
-    them when there are two or fewer)."""
+    """The optimisation's coordinates: ("layer", i), or ("attention", i) then ("mlp", i) (SWIFT's order), for the
+    interior layers (all of them when there are two or fewer)."""
     if space not in SPACES:
         raise ConfigError(f"method.search_space: must be one of {list(SPACES)}, got {space!r}")
     drawn = range(1, layers - 1) if layers > 2 else range(layers)
@@ -84,39 +90,79 @@ def as_skip_set(chosen: Sequence[tuple[str, int]]) -> SkipSet:
     return SkipSet.normalised(pick["layer"], pick["attention"], pick["mlp"])
 
 
-def candidate_sets(units: int, size: int, trials: int, rng: random.Random) -> list[tuple[int, ...]]:
-    """``trials`` distinct sets of ``size`` unit indices (every one there is when there are fewer), sorted tuples."""
-    if math.comb(units, size) <= trials:
-        return list(combinations(range(units), size))
-    seen: list[tuple[int, ...]] = []
-    while len(seen) < trials:
-        candidate = tuple(sorted(rng.sample(range(units), size)))
-        if candidate not in seen:
-            seen.append(candidate)
-    return seen
+def initial_skip_set(layers: int) -> SkipSet:
+    """SWIFT's unified initialisation: every other interior layer, attention and MLP (np.arange(1, L - 1, 2))."""
+    return SkipSet.normalised(range(1, layers - 1, 2))
 
 
-@torch.inference_mode()
-def search_skip_set(target: torch.nn.Module, prompt: Sequence[int], layers: int, space: str, ratio: float,
-                    trials: int, positions: int, seed: int) -> tuple[SkipSet, dict]:
-    """The candidate skip set whose teacher-forced argmax over the prompt matches the target's most often (module
-    docstring); returns it and the search's record."""
-    units = skip_units(layers, space)
-    size = skip_size(len(units), ratio, space)
-    keep = min(positions, len(prompt))
-    reference = CachedLM(target).forward(prompt, keep_last=keep).argmax(-1)  # (keep,) the target's next tokens
-    candidates = [as_skip_set([units[u] for u in drawn])
-                  for drawn in candidate_sets(len(units), size, trials, random.Random(seed))]
-    candidates = [c for c in candidates if attention_runs(c.layers, c.attention, layers)]
-    if not candidates:
-        raise ConfigError(f"method.search_trials: every skip set drawn ({trials}) skips all {layers} attention "
-                          "sublayers; raise method.search_trials or lower method.skip_ratio")
-    scores = []
-    for skip in candidates:
-        guess = CachedLM(skip.model(target)).forward(prompt, keep_last=keep).argmax(-1)
-        scores.append(float((guess == reference).float().mean()))
-    best = max(range(len(candidates)), key=lambda i: (scores[i], -i))  # first drawn wins a tie
-    record = {"space": space, "units": len(units), "size": size,
-              "candidates": [c.state() for c in candidates], "matchness": scores, "positions": keep,
-              "target_forwards": 1, "draft_forwards": len(candidates), "prompt_tokens": len(prompt)}
-    return candidates[best], record
+class SkipSetOptimiser:
+    """SWIFT's optimisation of the skip set (module docstring), one iteration per ``iterate`` call."""
+
+    def __init__(self, layers: int, space: str, ratio: float, bayes_interval: int, max_iterations: int,
+                 max_tolerance: int, max_score: float, seed: int, kappa: float = 2.5, alpha: float = 1e-2):
+        self.layers, self.units = layers, skip_units(layers, space)
+        self.size = skip_size(len(self.units), ratio, space)
+        self.bayes_interval, self.max_iterations = bayes_interval, max_iterations
+        self.max_tolerance, self.max_score, self.kappa, self.alpha = max_tolerance, max_score, kappa, alpha
+        self.seed = seed
+        self.restore(None)
+
+    def restore(self, state: dict | None) -> None:
+        """Start from ``state`` (a ``snapshot``), or from SWIFT's start (None)."""
+        if state is None:
+            rng = np.random.default_rng(self.seed)
+            state = {"skip": initial_skip_set(self.layers).state(), "best": 0.0, "iterations": 0, "tolerance": 0,
+                     "stopped": None, "points": [], "targets": [], "rng": rng.bit_generator.state}
+        state = copy.deepcopy(state)
+        self.skip = SkipSet.from_state(state["skip"])
+        self.best, self.iterations, self.tolerance = state["best"], state["iterations"], state["tolerance"]
+        self.stopped = state["stopped"]  # why the optimisation ended (None: still running)
+        self.points, self.targets = state["points"], state["targets"]
+        self.rng = np.random.default_rng()
+        self.rng.bit_generator.state = state["rng"]
+
+    def snapshot(self) -> dict | None:
+        """What carries to the next prompt; None while nothing was tried (the start, as ``restore(None)`` makes it)."""
+        if self.iterations == 0:
+            return None
+        return copy.deepcopy({"skip": self.skip.state(), "best": self.best, "iterations": self.iterations,
+                              "tolerance": self.tolerance, "stopped": self.stopped, "points": self.points,
+                              "targets": self.targets, "rng": self.rng.bit_generator.state})
+
+    @property
+    def active(self) -> bool:
+        return self.stopped is None
+
+    def candidate(self) -> tuple[list[float], SkipSet, str]:
+        """The next candidate: its point in [0, 1]^units, its skip set, and how it was drawn (random, bayes)."""
+        if self.bayes_interval and (self.iterations + 1) % self.bayes_interval == 0:
+            point = suggest(self.points, self.targets, len(self.units), self.rng, self.kappa, self.alpha)
+            chosen = np.argsort(-point, kind="stable")[:self.size]
+            kind = "bayes"
+        else:
+            chosen = self.rng.choice(len(self.units), self.size, replace=False)
+            point = np.zeros(len(self.units))
+            point[chosen] = 1.0
+            kind = "random"
+        return [float(v) for v in point], as_skip_set([self.units[u] for u in sorted(chosen)]), kind
+
+    def iterate(self, matchness: Callable[[SkipSet], float]) -> dict:
+        """One iteration: draw a candidate, score it with ``matchness``, keep it if it beats the best, update the
+        stopping counters; returns what happened (for the record)."""
+        point, skip, kind = self.candidate()
+        score = matchness(skip) if skip.runs_attention(self.layers) else 0.0
+        self.points.append(point)
+        self.targets.append(score)
+        kept = score > self.best
+        if kept:
+            self.skip, self.best, self.tolerance = skip, score, 0
+            if score > self.max_score:
+                self.stopped = "max_score"
+        else:
+            self.tolerance += 1
+        self.iterations += 1
+        if self.stopped is None and self.tolerance > self.max_tolerance:
+            self.stopped = "max_tolerance"
+        if self.stopped is None and self.iterations > self.max_iterations:
+            self.stopped = "max_iterations"
+        return {"kind": kind, "matchness": score, "kept": kept}

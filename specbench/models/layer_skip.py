@@ -154,6 +154,7 @@ class LayerSkipModel(torch.nn.Module):
         self.lm_head = target.lm_head
         # the attention modules' own indices (their place in the full model) -> the compact cache's slots
         attending = [i for i in self.kept if i not in no_attention]
+        self.attending = attending  # full-model indices of the layers whose attention runs: the cache's slots, in order
         self.slots = {base.layers[i].self_attn.layer_idx: slot for slot, i in enumerate(attending)}
         self.layer_cache_arg = cache_argument(base.layers[0])  # what this transformers version calls it
         self.mask_cache_arg = cache_argument(create_causal_mask)
@@ -161,6 +162,25 @@ class LayerSkipModel(torch.nn.Module):
         self.config.num_hidden_layers = len(attending)
         if getattr(self.config, "layer_types", None):
             self.config.layer_types = [target.config.layer_types[i] for i in attending]
+
+    def shared_cache(self, cache: DynamicCache) -> DynamicCache:
+        """A cache through which this draft reads and writes the *target's* ``cache`` (SWIFT's drafting): its slots are
+        the target's own layer objects of the layers whose attention runs, so what the draft feeds lands in the
+        target's cache (crop it off after: ``crop_shared``); the target's other layers are untouched."""
+        view = copy.copy(cache)
+        view.layers = [cache.layers[i] for i in self.attending]
+        return view
+
+    def prefix_cache(self, cache: DynamicCache, length: int) -> DynamicCache:
+        """A cache holding the first ``length`` positions of the target's ``cache`` for this draft's slots, as views
+        (no copy): forwards after it read the target's keys and values and leave the target's cache untouched."""
+        view = copy.copy(cache)
+        view.layers = []
+        for i in self.attending:
+            layer = copy.copy(cache.layers[i])
+            layer.keys, layer.values = layer.keys[..., :length, :], layer.values[..., :length, :]
+            view.layers.append(layer)
+        return view
 
     def forward(self, input_ids: torch.Tensor, cache: DynamicCache | None = None, use_cache: bool = True,
                 attention_mask: torch.Tensor | None = None, position_ids: torch.Tensor | None = None,
