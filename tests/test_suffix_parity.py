@@ -9,7 +9,9 @@ choice among equals is an implementation detail (its priority queue and child or
 does not depend on it (the score, the match length, the multiset of probabilities). Where two drafts tie in score,
 rounding picks one (float32 there, float64 here): only the best score is compared. Path mode where the most frequent
 children of a node tie is compared in full: both follow the child Arctic's siblings list puts first (its moves on each
-count change, which decoding/suffix_tree.regroup repeats). Eviction of earlier requests is not exercised here."""
+count change, which decoding/suffix_tree.regroup repeats). With a cap on the cached requests, the earlier requests
+past it are evicted first in, first out, on both sides, and their counts go down again (Arctic's ``remove``: a
+node counted down goes to the head of its new count's siblings): the same comparisons after evictions."""
 import os
 
 import pytest
@@ -42,8 +44,8 @@ def paths(tokens: list[int], parents: list[int]) -> dict[tuple[int, ...], int]:
     return {path: i for i, path in enumerate(path_of)}
 
 
-def reference_draft(previous, prompt, output, depth, budget, factor, floor, tree):
-    cache = SuffixDecodingCache(max_tree_depth=depth, max_cached_requests=-1)
+def reference_draft(previous, prompt, output, depth, budget, factor, floor, tree, cap=-1):
+    cache = SuffixDecodingCache(max_tree_depth=depth, max_cached_requests=cap)
     for i, (p, r) in enumerate(previous):
         cache.start_request(f"earlier-{i}", p)
         if r:
@@ -57,9 +59,9 @@ def reference_draft(previous, prompt, output, depth, budget, factor, floor, tree
                            min_token_prob=floor, use_tree_spec=tree)
 
 
-def our_draft(pair, previous, prompt, output, depth, budget, factor, floor, tree):
+def our_draft(pair, previous, prompt, output, depth, budget, factor, floor, tree, cap=-1):
     method = SuffixDecoding(pair, max_depth=depth, max_spec_factor=factor, max_tree_nodes=budget,
-                            min_token_prob=floor, tree=tree, max_cached_requests=10 ** 6)
+                            min_token_prob=floor, tree=tree, max_cached_requests=cap if cap > 0 else 10 ** 6)
     for p, r in previous:  # an earlier request: its output enters the global tree, its prompt does not
         earlier = method.make_proposer(p)
         method.append_output(earlier.entry, r)
@@ -88,8 +90,52 @@ cases = st.fixed_dictionaries({
 @given(case=cases)
 def test_our_draft_is_arctic_inferences(case):
     pair = pair_for("llama", 0.05)
-    ref = reference_draft(**case)
-    ours, candidates = our_draft(pair, **case)
+    assert_same_draft(case, reference_draft(**case), *our_draft(pair, **case))
+
+
+few = st.lists(st.integers(0, 2), max_size=12)  # three tokens: ties between siblings, which order decides, are common
+evicting = cases.flatmap(lambda case: st.fixed_dictionaries({
+    **{key: st.just(value) for key, value in case.items() if key not in ("previous", "prompt", "tree")},
+    "tree": st.sampled_from([False, False, True]),  # path mode, where the siblings' order decides, twice as often
+    "previous": st.lists(st.tuples(few, few), min_size=3, max_size=5),  # some evicted, some kept
+    "prompt": st.lists(st.integers(0, 2), min_size=1, max_size=12),
+    "cap": st.integers(2, 3),
+}))
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=evicting)
+def test_after_evictions_our_draft_is_still_arctic_inferences(case):
+    """More earlier requests than the cache holds (with the request itself): the oldest are evicted, their counts
+    taken out of the global tree again, on both sides."""
+    pair = pair_for("llama", 0.05)
+    assert_same_draft(case, reference_draft(**case), *our_draft(pair, **case))
+
+
+def test_an_evicted_request_no_longer_drafts():
+    """Hand-built: request 0's output 1 3 1 3, request 1's 1 4 1 2 1 2. After 1 the global tree counts 3 and 2 twice
+    each, 3 first (2 reached two from behind 4, to the tail of the 2s), so path mode drafts 3. With a cap of two
+    requests, request 2 evicts request 0: 3 is counted down to nothing, and path mode drafts 2."""
+    pair = pair_for("llama", 0.05)
+    previous = [([9], [1, 3, 1, 3]), ([9], [1, 4, 1, 2, 1, 2])]
+    for cap, first in ((-1, 3), (2, 2)):
+        args = (previous, [5, 1], [], 64, UNCAPPED, 64.0, 0.0, False, cap)
+        ref, (ours, _) = reference_draft(*args), our_draft(pair, *args)
+        assert ref.token_ids[0] == first and ours.tokens == ref.token_ids
+        assert ours.probs == pytest.approx(ref.probs)
+
+
+def test_a_child_counted_down_by_an_eviction_heads_its_new_count():
+    """Hand-built: request 0's output 1 2, request 1's 1 3 1 2: after 1, 2 is counted twice and 3 once. Evicting
+    request 0 counts 2 down to one, beside 3: Arctic moves a node counted down to the head of its new count's
+    siblings, so path mode drafts 2 (a node counted down to the tail would leave 3 first)."""
+    pair = pair_for("llama", 0.05)
+    args = ([([9], [1, 2]), ([9], [1, 3, 1, 2])], [5, 1], [], 64, UNCAPPED, 64.0, 0.0, False, 2)
+    ref, (ours, _) = reference_draft(*args), our_draft(pair, *args)
+    assert ref.token_ids[0] == 2 and ours.tokens == ref.token_ids and ours.probs == pytest.approx(ref.probs)
+
+
+def assert_same_draft(case, ref, ours, candidates):
     assert bool(ours.tokens) == bool(ref.token_ids), (ours, ref)
     if not ours.tokens:
         return

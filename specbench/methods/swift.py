@@ -29,7 +29,7 @@ from ..models.execution import EAGER
 from ..models.layer_skip import check_skip_set, check_sublayer_sets, decoder_layer_count
 from .base import DecodingMethod, NoTimeline
 from .swift_draft import GREEDY_WIDTHS, SAMPLING_WIDTHS, SkipDraftLM, SwiftProposer
-from .swift_search import SPACES, SkipSet, SkipSetOptimiser
+from .swift_search import SPACES, SkipSet, SkipSetOptimiser, initial_skip_set
 
 DRAFT_CACHES = ("target", "own")
 
@@ -144,7 +144,7 @@ class Swift(DecodingMethod):
         target = self.pair.lm("target")
         skip = self.skip_set()
         source = "config" if self.configured is not None else (
-            "optimised" if self.optimiser.iterations else "initial")
+            "initial" if skip == initial_skip_set(self.layers) else "optimised")
         proposer = SwiftProposer(SkipDraftLM(target, skip, self.shared), len(prompt_ids), self.gamma,
                                  self.stop_confidence, self.tree, self.optimiser, self.context_window,
                                  self.opt_interval)

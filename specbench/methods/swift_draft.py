@@ -6,7 +6,7 @@ tree.
 reads and writes the target's cache for the layers whose attention runs: the committed positions hold the
 target's own keys and values, the drafted ones are appended there and cropped off before the target verifies
 (SWIFT clones the cache each step; appending and cropping leaves it as it was without the copy). Otherwise it
-keeps a cache of its own, filled by its own forwards (Draft & Verify's way; a fixed skip set only).
+keeps a cache of its own, filled by its own forwards (a fixed skip set only).
 
 ``SwiftProposer``, each step:
 - the first step of a generation with ``shared`` proposes nothing: the target reads the prompt first and emits

@@ -3,7 +3,7 @@
 A skip set (``SkipSet``) names whole decoder layers and single sublayers (a layer's attention or its MLP); it is kept
 normalised: a layer with both halves skipped is a whole layer. The optimisation draws candidate sets from a space of
 *units*: SWIFT's is every attention and MLP sublayer of the interior layers (the first and last layers are always
-kept), ``search_space: sublayers``; ``layers`` draws whole interior layers instead (Draft & Verify's coarser space).
+kept), ``search_space: sublayers``; ``layers`` draws whole interior layers instead (a coarser space).
 A target of two layers has no interior: its ends cannot be kept, and the units are all of its (sub)layers.
 
 The optimisation as SWIFT's code runs it (hemingkx/SWIFT, ``swift_optimization`` and its ``statistics``), state
