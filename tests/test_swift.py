@@ -265,6 +265,9 @@ def test_drafting_stops_after_the_first_unsure_token_and_sizes_each_depth():
     assert proposal.depth == 3
     chain = SwiftProposer(ScriptedDraft(rows), 3, 2, None, False).propose(context)  # γ 2, no stop, no tree
     assert chain.tokens == [2, 5] and chain.is_chain
+    eos = StepContext([9, 9, 9, 9], 1, 10, {5}, Sampler())  # nothing is drafted after an EOS
+    draft = ScriptedDraft(rows)
+    assert SwiftProposer(draft, 3, 25, None, False).propose(eos).tokens == [2, 5] and len(draft.fed) == 2
 
 
 # -- exactness ------------------------------------------------------------------------------------------------------
@@ -278,9 +281,12 @@ cases = st.fixed_dictionaries({
     "gamma": st.integers(1, 6),
     "stop_confidence": st.one_of(st.none(), st.sampled_from([0.05, 0.2, 0.8])),
     "tree": st.booleans(),
+    "fixed": st.booleans(),  # a configured skip set (the ones above), or none: the optimisation
     "draft_cache": st.sampled_from(["target", "own"]),
     "context_window": st.integers(1, 4),
     "bayes_interval": st.sampled_from([0, 2]),
+    "opt_interval": st.integers(1, 3),
+    "search_space": st.sampled_from(["sublayers", "layers"]),
     "max_new_tokens": st.integers(1, 40),
     "eos_pick": st.one_of(st.none(), st.integers(0, 39)),
 })
@@ -295,13 +301,16 @@ def test_swift_equals_greedy(case):
     attention = sorted(i for i in case["skip_attention"] if i < case["layers"] and i not in (skip or ()))
     attention = attention[:case["layers"] - len(skip or ()) - 1]  # an attention sublayer always runs
     mlp = sorted(i for i in case["skip_mlp"] if i < case["layers"])
+    if not case["fixed"]:  # the optimisation's case: no set configured
+        skip, attention, mlp = None, [], []
     configured = bool(skip or attention or mlp)
     draft_cache = case["draft_cache"] if configured else "target"  # own: a fixed set only
     ref, eos = greedy_reference(pair, case["prompt"], case["max_new_tokens"], case["eos_pick"])
     method = Swift(pair, gamma=case["gamma"], skip_layers=skip, skip_attention=attention or None,
                    skip_mlp=mlp or None, stop_confidence=case["stop_confidence"], tree=case["tree"],
                    draft_cache=draft_cache, context_window=case["context_window"],
-                   bayes_interval=case["bayes_interval"])
+                   bayes_interval=case["bayes_interval"], opt_interval=case["opt_interval"],
+                   search_space=case["search_space"] if case["layers"] > 3 else "sublayers")
     gen = method.generate(case["prompt"], case["max_new_tokens"], eos)
     assert gen.tokens == ref.tokens
     check_counters(gen, "swift")
@@ -316,9 +325,16 @@ def test_swift_equals_greedy(case):
                 "skip_attention": sorted(set(attention) - set(mlp) - set(skip or ())),
                 "skip_mlp": sorted(set(mlp) - set(attention) - set(skip or ()))}
         assert {k: gen.extra.get(k, []) for k in want} == want
-    else:  # the optimisation ran once more than W + 1 tokens were committed
+    else:  # the optimisation ran after every opt_interval-th verification once more than W + 1 tokens were committed
         steps = gen.extra.get("optimisation", {}).get("step", [])
         assert len(steps) == gen.extra["optimisation_state"]["iterations"]
+        accepted, window = gen.accept_lengths, case["context_window"]
+        # verification j (after the prefill, step 0) leaves sum(accepted[:j + 1]) tokens, the last one x0 of the
+        # next step; the last step's count may be cut by the budget or an EOS, so it is left out of the comparison
+        due = [j - 1 for j in range(1, len(accepted) - 1)
+               if sum(accepted[:j + 1]) - 1 > window + 1 and (j - 1) % case["opt_interval"] == 0]
+        ran = [s for s in steps if s < len(accepted) - 2]
+        assert ran == due[:len(ran)] and (gen.extra["optimisation_state"]["stopped"] or len(ran) == len(due))
         forwards = [(n, c) for n, c in zip(gen.forward_sizes["draft"], gen.forward_contexts["draft"])
                     if n == case["context_window"] + 1 and c == len(case["prompt"])]
         assert len(forwards) >= len(steps)  # each scored by one forward after the prompt
@@ -333,14 +349,16 @@ def small_vocab_target(layers: int = 3, seed: int = 0) -> ModelPair:
                      precision=precision)
 
 
-def test_sampling_is_distributed_as_the_target():
+@pytest.mark.parametrize("draft_cache", ["target", "own"])
+def test_sampling_is_distributed_as_the_target(draft_cache):
     """3000 generations of at most 3 tokens against the target's exact distribution over all of them, drafted by the
-    target less its layer 1 from the target's cache (a tree of siblings drawn without replacement; a chain is the
-    tree of one sibling a depth); power: the same samples are far from the draft's."""
+    target less its layer 1 (a tree of siblings drawn without replacement; a chain is the tree of one sibling a
+    depth): from the target's cache, whose prefill drafts nothing, so its trees are one deep; from its own, trees
+    two deep, siblings under a sampled chain token. Power: the same samples are far from the draft's."""
     pair = small_vocab_target()
     target = exact_sequence_distribution(pair.target, 1.0, 1.0, PROMPT, MAX_NEW, {EOS})
     draft = exact_sequence_distribution(LayerSkipModel(pair.target, [1]), 1.0, 1.0, PROMPT, MAX_NEW, {EOS})
-    method = Swift(pair, gamma=2, skip_layers=[1], stop_confidence=None, temperature=1.0)
+    method = Swift(pair, gamma=2, skip_layers=[1], stop_confidence=None, draft_cache=draft_cache, temperature=1.0)
     counts, gens = sample_generations(method, PROMPT, MAX_NEW, {EOS}, 3000)
     drafted, accepted = sum(g.drafted for g in gens), sum(g.accepted for g in gens)
     assert 0.1 * drafted < accepted < 0.95 * drafted  # rejections happen, and so do acceptances
@@ -412,6 +430,8 @@ def test_the_optimisation_carries_to_the_next_prompt_and_a_configured_set_carrie
      "method.skip_attention: with method.skip_layers it skips the attention of all 4 decoder layers"),
     ({"skip_ratio": 1.0}, "method.skip_ratio: must be in (0, 1)"),
     ({"search_space": "heads"}, "method.search_space: must be one of ['sublayers', 'layers'], got 'heads'"),
+    ({"search_space": "layers", "layers": 3}, "method.search_space: layers on a target of 3 decoder layers leaves 1 "
+                                              "unit to choose from"),
     ({"context_window": 0}, "method.context_window: must be a positive integer"),
     ({"opt_interval": 0}, "method.opt_interval: must be a positive integer"),
     ({"bayes_interval": -1}, "method.bayes_interval: must be an integer >= 0"),
@@ -421,8 +441,10 @@ def test_the_optimisation_carries_to_the_next_prompt_and_a_configured_set_carrie
     ({"max_score": 2}, "method.max_score: must be a probability in [0, 1] or null, got 2"),
 ])
 def test_swift_rejects_bad_settings(settings_, message):
+    settings_ = dict(settings_)
+    pair = deep_pair(settings_.pop("layers", 4))
     with pytest.raises(ConfigError) as caught:
-        Swift(deep_pair(4), **settings_)
+        Swift(pair, **settings_)
     assert str(caught.value).startswith(message) and "\n" not in str(caught.value)
 
 

@@ -18,8 +18,8 @@ carried from prompt to prompt:
   generated tokens, after the target's cache of the prompt (as a prefix, untouched), the share of the
   ``context_window`` positions whose argmax is the next generated token;
 - kept when it beats the best matchness so far, else the set in use stays; the optimisation stops for good when
-  the best passes ``max_score``, after more than ``max_tolerance`` iterations in a row without gain, or more than
-  ``max_iterations`` in all.
+  the best passes ``max_score``, after more than ``max_tolerance`` iterations in a row without gain, or after more
+  than ``max_iterations`` in all (SWIFT's ``>``: 301 and 1001 with its settings).
 A candidate that skips every attention sublayer (possible only without an interior) scores 0 without a forward.
 """
 from __future__ import annotations
@@ -101,6 +101,10 @@ class SkipSetOptimiser:
     def __init__(self, layers: int, space: str, ratio: float, bayes_interval: int, max_iterations: int,
                  max_tolerance: int, max_score: float, seed: int, kappa: float = 2.5, alpha: float = 1e-2):
         self.layers, self.units = layers, skip_units(layers, space)
+        if len(self.units) < 2:
+            raise ConfigError(f"method.search_space: {space} on a target of {layers} decoder layers leaves "
+                              f"{len(self.units)} unit to choose from: nothing to optimise; use sublayers, or a "
+                              "fixed method.skip_layers")
         self.size = skip_size(len(self.units), ratio, space)
         self.bayes_interval, self.max_iterations = bayes_interval, max_iterations
         self.max_tolerance, self.max_score, self.kappa, self.alpha = max_tolerance, max_score, kappa, alpha

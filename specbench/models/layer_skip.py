@@ -2,10 +2,11 @@
 Zhang et al. 2023; SWIFT, Xia et al. 2024), built from the target's own modules (no weights copied).
 
 ``LayerSkipModel(target, keep)`` shares the target's embedding, final norm, rotary embedding and ``lm_head`` and
-holds the kept decoder layers, in order, in a ModuleList of its own. Its KV cache is its own object (a
-``DynamicCache`` with one entry per *kept* layer), so the draft role and the target role never share a cache. The
-target's attention modules index the cache by their ``layer_idx`` (their place in the full model); ``SlotCache``
-maps that index to the kept layer's slot, so the kept layers run unchanged against the compact cache.
+holds the kept decoder layers, in order, in a ModuleList of its own. Its KV cache has one slot per layer whose
+attention runs: a ``DynamicCache`` of its own, or (``shared_cache``, SWIFT's drafting) a view whose slots are the
+target's own cache layers, so the draft reads the target's keys and values and appends to them (the caller crops
+them off again). The target's attention modules index the cache by their ``layer_idx`` (their place in the full
+model); ``SlotCache`` maps that index to the slot, so the kept layers run unchanged against the compact cache.
 
 It is called like a Hugging Face causal LM (``input_ids``, ``cache``, ``attention_mask`` (a 4-D tree mask too),
 ``position_ids``, ``logits_to_keep``) and returns ``.logits`` and the cache (cache_api.py): a ``CachedLM``
@@ -166,7 +167,7 @@ class LayerSkipModel(torch.nn.Module):
     def shared_cache(self, cache: DynamicCache) -> DynamicCache:
         """A cache through which this draft reads and writes the *target's* ``cache`` (SWIFT's drafting): its slots are
         the target's own layer objects of the layers whose attention runs, so what the draft feeds lands in the
-        target's cache (crop it off after: ``crop_shared``); the target's other layers are untouched."""
+        target's cache (crop them off after, as ``SkipDraftLM.end`` does); the target's other layers are untouched."""
         view = copy.copy(cache)
         view.layers = [cache.layers[i] for i in self.attending]
         return view
