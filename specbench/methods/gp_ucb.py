@@ -100,12 +100,17 @@ def fit_length_scale(squared: np.ndarray, y: np.ndarray, alpha: float, low: floa
     best = int(np.argmax(scores))
     a, b = grid[max(best - 1, 0)], grid[min(best + 1, len(grid) - 1)]
     ratio = (math.sqrt(5.0) - 1.0) / 2.0
-    for _ in range(30):  # golden-section search on [a, b]
-        c, d = b - ratio * (b - a), a + ratio * (b - a)
-        if score(c) >= score(d):
-            b = d
+    c, d = b - ratio * (b - a), a + ratio * (b - a)
+    at_c, at_d = score(c), score(d)
+    for _ in range(30):  # golden-section search on [a, b]: one new evaluation a step, the other point kept
+        if at_c >= at_d:
+            b, d, at_d = d, c, at_c
+            c = b - ratio * (b - a)
+            at_c = score(c)
         else:
-            a = c
+            a, c, at_c = c, d, at_d
+            d = a + ratio * (b - a)
+            at_d = score(d)
     middle = (a + b) / 2.0
     return math.exp(middle) if score(middle) >= scores[best] else math.exp(grid[best])
 

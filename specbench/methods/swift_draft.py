@@ -79,7 +79,7 @@ class SwiftProposer:
     """One generation's SWIFT drafting and optimisation (module docstring)."""
 
     def __init__(self, draft: SkipDraftLM, prompt_length: int, gamma: int, stop_confidence: float | None, tree: bool,
-                 optimiser: SkipSetOptimiser | None = None, context_window: int = 32, opt_interval: int = 1):
+                 optimiser: SkipSetOptimiser | None = None, context_window: int = 50, opt_interval: int = 1):
         self.draft, self.prompt_length = draft, prompt_length
         self.gamma, self.stop_confidence, self.tree = gamma, stop_confidence, tree
         self.optimiser, self.context_window, self.opt_interval = optimiser, context_window, opt_interval
@@ -103,27 +103,29 @@ class SwiftProposer:
         levels: list[tuple[list[int], list[torch.Tensor] | None]] = []
         while len(levels) < limit:
             logits = self.draft.forward(feed, keep_last=1)[-1]
-            siblings, q_rows = self.level(logits, context)
+            siblings, q_rows, confidence = self.level(logits, context)
             levels.append((siblings, q_rows))
             token = siblings[0]
             feed = [token]
-            confidence = float(torch.softmax(logits.float(), dim=-1)[token])
             if token in context.eos_ids or (self.stop_confidence is not None and confidence < self.stop_confidence):
                 break
         self.draft.end(len(context.tokens) - 1)
         return self.proposal(levels)
 
-    def level(self, logits: torch.Tensor, context: StepContext) -> tuple[list[int], list[torch.Tensor] | None]:
-        """The siblings drafted at one depth (the chain's token first) and their q rows (None at T = 0)."""
+    def level(self, logits: torch.Tensor, context: StepContext) -> tuple[list[int], list[torch.Tensor] | None, float]:
+        """The siblings drafted at one depth (the chain's token first), their q rows (None at T = 0), and the chain
+        token's probability under the draft (its plain softmax, as SWIFT reads it)."""
         sampler = context.sampler
         if sampler.greedy:
-            top = int(logits.argmax())
-            width = tree_width(float(torch.softmax(logits.float(), dim=-1)[top]), True) if self.tree else 1
-            return logits.topk(width).indices.tolist(), None
+            token = int(logits.argmax())
+            confidence = float(torch.softmax(logits.float(), dim=-1)[token])
+            width = tree_width(confidence, True) if self.tree else 1
+            return logits.topk(width).indices.tolist(), None, confidence
         q = sampler.probs(logits[None])[0]
         token = sampler.sample(q)
         siblings, rows = [token], [q]
-        width = tree_width(float(torch.softmax(logits.float(), dim=-1)[token]), False) if self.tree else 1
+        confidence = float(torch.softmax(logits.float(), dim=-1)[token])
+        width = tree_width(confidence, False) if self.tree else 1
         rest = q.clone()
         while len(siblings) < width:  # without replacement: each sibling's q given the ones before it
             rest[siblings[-1]] = 0.0
@@ -132,7 +134,7 @@ class SwiftProposer:
             rest = rest / rest.sum()
             siblings.append(sampler.sample(rest))
             rows.append(rest.clone())
-        return siblings, rows
+        return siblings, rows, confidence
 
     def proposal(self, levels) -> Proposal:
         """Depth by depth: each depth's siblings hung from the chain's node one depth up (the root first)."""
