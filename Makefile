@@ -10,6 +10,10 @@ LLAMA_STAMP := $(VENV)/.llamacpp
 REF_STAMP := $(VENV)/.references
 LLAMA_WHEELS := $(VENV)/wheels
 LLAMA_BUILT := $(LLAMA_WHEELS)/.built
+# ggml's AMX kernels (-march=native compiles them in on Sapphire Rapids and later Xeons) segfault in llama_decode on
+# the embedded pair's Q4_0 weights (ggml-org/llama.cpp#20824): compiled out on x86; AVX-512, VNNI and repacking stay
+LLAMA_NO_AMX := $(if $(filter x86_64,$(shell uname -m)),-DCMAKE_C_FLAGS='-mno-amx-tile -mno-amx-int8 -mno-amx-bf16' \
+	-DCMAKE_CXX_FLAGS='-mno-amx-tile -mno-amx-int8 -mno-amx-bf16')
 CONVERTED_STAMP := $(VENV)/.converted
 ARGS ?=
 # One tested dependency set: every install below goes through the lock (exact versions of every package, made by
@@ -66,16 +70,18 @@ $(LLAMA_BUILT): pyproject.toml $(LOCK) | $(VENV_STAMP)
 	# wheel beside the venv (pip wheel touches no installed package, so make run compiles while the rest installs);
 	# without its multimodal library (libmtmd: never loaded here), ~10% less compile; CMAKE_ARGS of yours are kept.
 	# A venv that has the pinned version already (installed before this rule existed) is not compiled again.
+	# On x86 ggml's AMX kernels are compiled out (LLAMA_NO_AMX); --no-cache-dir: pip's cache of a wheel built
+	# from this source package does not know the flags it was built with.
 	mkdir -p $(LLAMA_WHEELS)
 	if $(PIP) --no-deps --no-index --dry-run $(call extra,llamacpp) 2>/dev/null; then \
 		echo "$(call extra,llamacpp): installed already"; \
-	else CMAKE_ARGS="-DLLAVA_BUILD=OFF $$CMAKE_ARGS" CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) $(PIP_WHEEL) \
-		--no-deps --wheel-dir $(LLAMA_WHEELS) $(call extra,llamacpp); fi
+	else CMAKE_ARGS="-DLLAVA_BUILD=OFF $(LLAMA_NO_AMX) $$CMAKE_ARGS" CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) \
+		$(PIP_WHEEL) --no-cache-dir --no-deps --wheel-dir $(LLAMA_WHEELS) $(call extra,llamacpp); fi
 	touch $(LLAMA_BUILT)
 
 $(LLAMA_STAMP): $(LLAMA_BUILT) $(STAMP)
 	$(PIP) --find-links $(LLAMA_WHEELS) $(call extra,llamacpp)
-	$(BIN)/python -c "import llama_cpp; print('llama.cpp:', llama_cpp.llama_print_system_info().decode())"
+	$(BIN)/python -c "from specbench.models.llamacpp import check_build; check_build()"
 	touch $(LLAMA_STAMP)
 
 $(REF_STAMP): pyproject.toml $(LOCK) $(VLLM_STAMP)  # speculators imports packages vLLM brings

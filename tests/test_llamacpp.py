@@ -239,6 +239,24 @@ def test_without_the_package_the_error_says_how_to_install(monkeypatch):
     assert resolve_backend("auto", "cpu", gguf=True, pair="embedded").name == "transformers"
 
 
+def test_a_build_with_ggmls_amx_kernels_is_refused_before_any_model_loads(monkeypatch):
+    """They segfault in llama_decode on Sapphire Rapids (ggml-org/llama.cpp#20824); the Makefile compiles them out."""
+    import sys
+    from types import SimpleNamespace
+
+    from specbench.models.backend import resolve_backend
+    from specbench.models.llamacpp import build_problem
+
+    info = "CPU : AVX2 = 1 | AVX512 = 1 | AVX512_BF16 = 1 | AMX_INT8 = 1 | REPACK = 1 | "
+    assert "AMX" in build_problem(info) and build_problem(info.replace("AMX_INT8 = 1 | ", "")) is None
+    monkeypatch.setitem(sys.modules, "llama_cpp", SimpleNamespace(llama_print_system_info=lambda: info.encode()))
+    with pytest.raises(ConfigError, match=r"^model\.backend: llamacpp: .*AMX_INT8 = 1.*make llamacpp.*model\.backend"
+                                          r"=transformers$"):
+        resolve_backend("llamacpp", "cpu", gguf=True, pair="embedded")
+    auto = resolve_backend("auto", "cpu", gguf=True, pair="embedded")
+    assert auto.name == "transformers" and "AMX kernels" in auto.reason
+
+
 def test_run_keys_name_llamacpp_and_keep_transformers_keys():
     from specbench.models.execution import model_identity
 

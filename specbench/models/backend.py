@@ -50,7 +50,7 @@ def resolve_backend(backend: str = "auto", device: str | torch.device | None = "
                     pair: str = "") -> Backend:
     """Resolve ``model.backend`` for a pair (``gguf``: it has GGUF files) on ``device``; a bad value, a pair without
     GGUF files, a GPU device or a missing llama-cpp-python is a ConfigError raised before any weights load."""
-    from .llamacpp import llama_cpp_available, llama_cpp_module
+    from .llamacpp import llama_cpp_module, llama_cpp_problem
 
     require(backend in BACKENDS, "model.backend", f"unknown backend {backend!r}; valid: {list(BACKENDS)}")
     on_cpu = torch.device(device or "cpu").type == "cpu"
@@ -70,9 +70,9 @@ def resolve_backend(backend: str = "auto", device: str | torch.device | None = "
     if not on_cpu:
         return Backend(backend, "transformers", f"auto -> transformers: llama.cpp runs on the CPU here, the pair on "
                                                 f"{device}")
-    if not llama_cpp_available():
-        return Backend(backend, "transformers", "auto -> transformers: llama-cpp-python is not installed (`make "
-                                                "llamacpp`: its quantized kernels step this pair several times faster)")
+    problem = llama_cpp_problem()
+    if problem:
+        return Backend(backend, "transformers", f"auto -> transformers: {problem}")
     return Backend(backend, "llamacpp", "auto -> llamacpp: a GGUF pair on a CPU; llama.cpp's quantized kernels step "
                                         "it several times faster than transformers (docs/llamacpp.md)")
 

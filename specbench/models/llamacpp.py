@@ -38,22 +38,48 @@ FILE_TYPES = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 7: "Q8_0", 8: "Q5_0", 9:
               32: "BF16"}
 
 
+REBUILD_HINT = ("rebuild it as `make llamacpp` now compiles it (without them): .venv/bin/pip uninstall -y "
+                "llama-cpp-python && rm -rf .venv/wheels .venv/.llamacpp && make llamacpp")
+
+
+def build_problem(system_info: str) -> str | None:
+    """Why a llama.cpp build (its ``llama_print_system_info``) cannot run here; None when it can. ggml's AMX kernels,
+    which -march=native compiles in on Sapphire Rapids and later Xeons, segfault in ggml_backend_amx_mul_mat during
+    llama_decode on the embedded pair's Q4_0 weights (ggml-org/llama.cpp#20824, open); the Makefile compiles them
+    out, keeping AVX-512 and the repacked kernels."""
+    if "AMX_INT8 = 1" in system_info:
+        return ("this llama-cpp-python was compiled with ggml's AMX kernels (AMX_INT8 = 1), which crash inside "
+                "llama_decode on this project's GGUF weights (ggml-org/llama.cpp#20824)")
+    return None
+
+
 def llama_cpp_module():
-    """The llama_cpp package, or a ConfigError saying how to install it (raised before any model loads)."""
+    """The llama_cpp package, or a ConfigError saying how to install (or rebuild) it, raised before any model loads."""
     try:
         import llama_cpp
     except ImportError:
         raise ConfigError(f"model.backend: llamacpp needs the llama-cpp-python package, not installed here; "
                           f"{INSTALL_HINT}") from None
+    problem = build_problem(llama_cpp.llama_print_system_info().decode(errors="replace"))
+    if problem:
+        raise ConfigError(f"model.backend: llamacpp: {problem}; {REBUILD_HINT}; or use model.backend=transformers")
     return llama_cpp
 
 
-def llama_cpp_available() -> bool:
+def llama_cpp_problem() -> str | None:
+    """Why model.backend=auto cannot pick llama.cpp here (not installed, or a build that crashes); None: it can."""
     try:
-        import llama_cpp  # noqa: F401
+        import llama_cpp
     except ImportError:
-        return False
-    return True
+        return ("llama-cpp-python is not installed (`make llamacpp`: its quantized kernels step this pair several "
+                "times faster)")
+    problem = build_problem(llama_cpp.llama_print_system_info().decode(errors="replace"))
+    return f"{problem}; {REBUILD_HINT}" if problem else None
+
+
+def check_build() -> None:
+    """`make llamacpp`'s check of what it installed: print the build's CPU features, fail on a build that crashes."""
+    print("llama.cpp:", llama_cpp_module().llama_print_system_info().decode(errors="replace"))
 
 
 _LOG_SINK = None  # the C callback that silences llama.cpp's logging (kept alive: C holds the pointer)
