@@ -14,6 +14,7 @@ from hydra import compose, initialize_config_dir
 from specbench import benchmark
 from specbench.decoding.cached_lm import FeatureLM
 from specbench.errors import ConfigError
+from specbench.head_accounts import read_account
 from specbench.models.draft_head import DraftHead, HeadConfig, TargetParts
 from specbench.models.tiny import build_tiny_pair
 from specbench.training.heads.extract import (answer_eos, extract, generate_with_features, load_sequences,
@@ -311,8 +312,12 @@ def test_pipeline_end_to_end_then_griffin_decodes_with_the_trained_head(tmp_path
             "data=gsm8k", "data.limit=2", "data.max_new_tokens=12", "runner.warmup=0", "runner.progress=false"])
     summary = benchmark.run(run_cfg)
     assert summary["identical"] == summary["compared"] == 2
-    record = json.loads(next((tmp_path / "runs" / "records").rglob("*griffin*.jsonl")).read_text().splitlines()[0])
+    records = next((tmp_path / "runs" / "records").rglob("*griffin*.jsonl"))
+    record = json.loads(records.read_text().splitlines()[0])
     assert record["config"]["method"]["head_sha256"] == meta["sha256"]
+    kept = read_account(records.parent, str(head_dir), meta["sha256"])  # the head's account, beside the records
+    assert kept["evaluation"] == evaluation and kept["history"] == history and kept["head"] == meta
+    assert kept["data"]["prompts"] == cfg.data.prompts and kept["train"]["data"].startswith("data-")
 
 
 def test_ablations_copy_the_stages_they_share_with_griffin_and_train_the_rest(tmp_path):

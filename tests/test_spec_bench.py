@@ -250,6 +250,8 @@ def test_every_published_preset_is_the_leaderboards_run():
     eagle2, eagle1, sam_eagle = method["eagle"], method["eagle1"], method["sam_eagle"]
     assert (eagle2.top_k, eagle2.depth, eagle2.max_nodes) == (10, 6, 59)  # total_token 60 counts the root
     assert len(eagle1.tree) == 25 and max(map(len, eagle1.tree)) == 5 and max(max(p) for p in eagle1.tree) == 3
+    eagle3 = method["eagle3"]  # inference_eagle3.py: 60 / 5 / 10 too, over a head of the published layout
+    assert (eagle3.top_k, eagle3.depth, eagle3.max_nodes, eagle3.head) == (10, 6, 59, "eagle3_published")
     assert (sam_eagle.max_draft, sam_eagle.min_match_length, sam_eagle.corpus_bias, sam_eagle.corpus) == (
         39, 5, 5, None)
     assert (sam_eagle.fallback.name, sam_eagle.fallback.top_k, sam_eagle.fallback.depth,

@@ -8,6 +8,7 @@ from ..tracking import WANDB_MODES
 from .disco import disco_entries
 from .experiment import hydra_context, load_experiment
 from .figures import FIGURES
+from .heads import write_heads
 from .paper import build, write
 from .spec_bench import category_entries
 from .tables import to_markdown
@@ -35,6 +36,7 @@ def render_experiment(name: str, overrides: list[str] | None = None, out: Path =
     table = build(exp, ours)
     out_dir = Path(out) / name
     paths = write(table, out_dir, name)
+    paths.update(write_heads(exp, out_dir))  # the draft heads its rows decoded with: training and evaluation
     for figure in exp.spec.get("figures") or []:
         if figure not in FIGURES:
             raise ConfigError(f"experiment.figures: {figure!r} is not one of {sorted(FIGURES)}")
