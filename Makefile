@@ -35,7 +35,7 @@ NEWEST_TESTS := tests/test_swift.py tests/test_cached_lm.py tests/test_static_ex
 extra = $(shell $(PYTHON) -c "import shlex, tomllib; print(' '.join(map(shlex.quote, tomllib.load(open('pyproject.toml', 'rb'))['project']['optional-dependencies']['$(1)'])))")
 
 .DEFAULT_GOAL := help
-.PHONY: help install install-vllm llamacpp references embedded run test test-fast test-newest lock bench disco heads datastore \
+.PHONY: help install install-vllm llamacpp references embedded run test test-fast test-newest lock bench disco heads spec-bench-heads datastore \
 	report clean
 
 help: ## Show this help
@@ -149,6 +149,16 @@ disco: $(EMBEDDED_STAMP) ## DISCO end to end on the embedded pair: extract, trai
 heads: $(EMBEDDED_STAMP) ## Train the GRIFFIN and EAGLE draft heads on the embedded target: extract, train, evaluate -> runs/heads/ (ARGS=... overrides)
 	$(BIN)/python -m specbench.training.heads head=griffin $(ARGS)
 	$(BIN)/python -m specbench.training.heads head=eagle $(ARGS)
+
+SPEC_BENCH_HEADS := runs/reports/spec_bench_heads_published/records
+spec-bench-heads: $(CONVERTED_STAMP) ## Spec-Bench's head rows as published: train EAGLE, EAGLE-3 (published layout), Medusa and Hydra heads for the embedded pair, then run their presets and SpS on transformers, 2 prompts per category (hours on 2 cores; resumable; ARGS=... sweep overrides) -> runs/reports/spec_bench_heads_published/
+	$(BIN)/python -m specbench.training.heads head=eagle data.answers=dataset
+	$(BIN)/python -m specbench.training.heads head=medusa data.answers=dataset 'head.train.stages=[{passes:1,epochs:1,lr:1.0e-3}]'
+	$(BIN)/python -m specbench.training.heads head=hydra data.answers=dataset 'head.train.stages=[{passes:1,epochs:1,lr:1.0e-3}]'
+	$(BIN)/python -m specbench.training.heads head=eagle3_published
+	$(BIN)/python -m specbench -m +experiment=spec_bench model.backend=transformers data.per_category=2 \
+		method=eagle3_spec_bench,eagle_spec_bench,sam_eagle_spec_bench,eagle1_spec_bench,medusa_spec_bench,hydra_spec_bench,speculative_spec_bench \
+		runner.records_dir=$(SPEC_BENCH_HEADS) $(ARGS)
 
 datastore: $(EMBEDDED_STAMP) ## Build REST's datastore (ShareGPT answers, suffix array) for the embedded pair -> runs/datastores/ (ARGS=datastore.limit=... model=...)
 	$(BIN)/python -m specbench.retrieval $(ARGS)
