@@ -16,6 +16,9 @@ TINY = (*ENGINE, "data=humaneval", "data.limit=3", "data.max_new_tokens=24")
 # answers and a second turn that carries the first answer, 3 conversations at batch size 2
 TWO_TURNS = (*ENGINE, "data=mt_bench", "data.limit=3", "data.max_new_tokens=12")
 
+# how vLLM's CPU worker refuses a KV cache larger than the memory free when it allocates it
+KV_MEMORY_REFUSAL = "on kv cache allocation is less than requested memory for kv"
+
 
 def records_of(records_dir, method):
     (path,) = list(records_dir.rglob(f"{method}-*.jsonl"))
@@ -93,7 +96,11 @@ def test_vllm_draft_model_on_the_embedded_pair(tmp_path):
         pytest.skip(str(exc))
     proc = run_cli("engine=vllm", "model=embedded", "method=speculative", "data=humaneval", "data.limit=2",
                    "data.max_new_tokens=48", "runner.strict_lossless=false", records_dir=tmp_path / "records",
-                   expect_s=1200)
+                   expect_s=1200, check=False)
+    refusal = [line for line in (proc.stdout + proc.stderr).splitlines() if KV_MEMORY_REFUSAL in line]
+    if proc.returncode and refusal:  # memory the check above saw free was taken since (the other test worker)
+        pytest.skip("vLLM's own check when it allocated the KV cache: " + refusal[-1].split("ValueError: ")[-1])
+    assert proc.returncode == 0, f"exit {proc.returncode}\nSTDOUT:\n{proc.stdout}\nSTDERR:\n{proc.stderr}"
     summary = json.loads(next((tmp_path / "records").rglob("speculative-*.summary.json")).read_text())
     assert summary["identical"] + summary["near_ties"] == 2 and summary["mismatches"] == 0
     assert summary["tau"] > 2.0 and summary["acceptance_rate"] > 0.4, proc.stdout
