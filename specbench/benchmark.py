@@ -6,12 +6,11 @@ from __future__ import annotations
 import sys
 import time
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
-from .components import engine_of, method_as_recorded, spec_for
+from .components import engine_of, spec_for
 from .config_check import check_settings
 from .errors import ConfigError, LosslessnessError, StorageError
-from .head_accounts import keep_head_accounts
 from .models.backend import fit_auto_backend
 from .records import write_json
 
@@ -29,8 +28,6 @@ def run(cfg: DictConfig, pair=None) -> dict:
     spec = spec_for(cfg, cfg.method, engine)
     try:
         engine.check(cfg, pair)  # sampling and every _target_ node, before any model loads or engine starts
-        # a trained head's training and evaluation files, beside the records that will name it (head_accounts.py)
-        keep_head_accounts(method_as_recorded(OmegaConf.to_container(cfg.method, resolve=True)), spec.store.path.parent)
         summary = engine.measure(cfg, spec, pair)
     except (StorageError, LosslessnessError):  # one line from __main__: a full disk, a run that finished unproven
         raise

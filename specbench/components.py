@@ -13,6 +13,7 @@ from hydra.utils import get_object, instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from .environment import available_cores
+from .head_accounts import keep_head_accounts
 from .errors import ConfigError, require
 from .models.head_artifact import located, recorded_sha256
 from .models.execution import model_identity
@@ -106,15 +107,19 @@ class RunInputs:
 
 
 def run_inputs(cfg: DictConfig, engine=None) -> RunInputs:
-    """Threads, the records protected from sandboxed code, the dataset, the baseline's run, the records' config and
-    the tracker: the setup every engine's ``measure`` shares (each then checks the resolution with its own
-    precision, loads and runs)."""
+    """Threads, the records protected from sandboxed code, the dataset, the baseline's run, the records' config (and
+    the accounts of the heads it names, head_accounts.py) and the tracker: the setup every engine's ``measure``
+    shares (each then checks the resolution with its own precision, loads and runs)."""
     threads = resolved_threads(cfg)
     protect_path(cfg.runner.records_dir)  # sandboxed model-written code may not read the records
     dataset = build(cfg.data, "data")
+    base_spec, config = spec_for(cfg, cfg.baseline, engine), record_config(cfg)
+    # each trained head the records will name: its training and evaluation files beside them (the baseline's run
+    # shares the method's folder: same pair, data and records_dir)
+    keep_head_accounts(config["method"], base_spec.store.path.parent)
     return RunInputs(threads=threads, dataset=dataset, examples=dataset.examples(),
-                     warmup_example=dataset.warmup_example(), base_spec=spec_for(cfg, cfg.baseline, engine),
-                     sampling=OmegaConf.to_container(cfg.sampling, resolve=True), config=record_config(cfg),
+                     warmup_example=dataset.warmup_example(), base_spec=base_spec,
+                     sampling=OmegaConf.to_container(cfg.sampling, resolve=True), config=config,
                      tracker=build(cfg.logger, "logger") if cfg.get("logger") else None)
 
 

@@ -42,12 +42,12 @@ REBUILD_HINT = ("rebuild it as `make llamacpp` now compiles it (without them): .
                 "llama-cpp-python && rm -rf .venv/wheels .venv/.llamacpp && make llamacpp")
 
 
-def build_problem(system_info: str) -> str | None:
+def build_problem(info: str) -> str | None:
     """Why a llama.cpp build (its ``llama_print_system_info``) cannot run here; None when it can. ggml's AMX kernels,
     which -march=native compiles in on Sapphire Rapids and later Xeons, segfault in ggml_backend_amx_mul_mat during
     llama_decode on the embedded pair's Q4_0 weights (ggml-org/llama.cpp#20824, open); the Makefile compiles them
     out, keeping AVX-512 and the repacked kernels."""
-    if "AMX_INT8 = 1" in system_info:
+    if "AMX_INT8 = 1" in info:
         return ("this llama-cpp-python was compiled with ggml's AMX kernels (AMX_INT8 = 1), which crash inside "
                 "llama_decode on this project's GGUF weights (ggml-org/llama.cpp#20824)")
     return None
@@ -60,9 +60,9 @@ def llama_cpp_module():
     except ImportError:
         raise ConfigError(f"model.backend: llamacpp needs the llama-cpp-python package, not installed here; "
                           f"{INSTALL_HINT}") from None
-    problem = build_problem(llama_cpp.llama_print_system_info().decode(errors="replace"))
+    problem = llama_cpp_problem()
     if problem:
-        raise ConfigError(f"model.backend: llamacpp: {problem}; {REBUILD_HINT}; or use model.backend=transformers")
+        raise ConfigError(f"model.backend: llamacpp: {problem}; or use model.backend=transformers")
     return llama_cpp
 
 
@@ -73,13 +73,18 @@ def llama_cpp_problem() -> str | None:
     except ImportError:
         return ("llama-cpp-python is not installed (`make llamacpp`: its quantized kernels step this pair several "
                 "times faster)")
-    problem = build_problem(llama_cpp.llama_print_system_info().decode(errors="replace"))
+    problem = build_problem(system_info(llama_cpp))
     return f"{problem}; {REBUILD_HINT}" if problem else None
+
+
+def system_info(llama_cpp) -> str:
+    """What the llama.cpp build was compiled for (``llama_print_system_info``: CPU features, OpenMP, repacking)."""
+    return llama_cpp.llama_print_system_info().decode(errors="replace").strip()
 
 
 def check_build() -> None:
     """`make llamacpp`'s check of what it installed: print the build's CPU features, fail on a build that crashes."""
-    print("llama.cpp:", llama_cpp_module().llama_print_system_info().decode(errors="replace"))
+    print("llama.cpp:", system_info(llama_cpp_module()))
 
 
 _LOG_SINK = None  # the C callback that silences llama.cpp's logging (kept alive: C holds the pointer)
@@ -104,7 +109,7 @@ def build_info() -> dict:
     """llama-cpp-python's version and what its llama.cpp was compiled with (CPU features, OpenMP, repacking)."""
     lib = library()
     return {"name": "llamacpp", "llama_cpp_python": lib.__version__,
-            "system_info": lib.llama_print_system_info().decode(errors="replace").strip()}
+            "system_info": system_info(lib)}
 
 
 def file_version(path: Path) -> str:

@@ -3,13 +3,11 @@ the account a run keeps beside its records (head_accounts.py), written as ``head
 the experiment's table. A row whose head left no account says so."""
 from __future__ import annotations
 
-import csv
-import io
 from pathlib import Path
 
 from ..head_accounts import read_account, recorded_heads
 from .experiment import Experiment
-from .tables import Table, to_markdown
+from .tables import Table, to_csv, to_markdown
 
 HEADER = ["Method", "Head", "sha256", "Kind", "Answers", "Training sequences", "Answer tokens", "Training steps",
           "Training s", "Held-out top-1", "Expected chain τ", "Draft vocabulary covers"]
@@ -95,9 +93,5 @@ def write_heads(exp: Experiment, out_dir: Path) -> dict[str, Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = {"heads.md": out_dir / "heads.md", "heads.csv": out_dir / "heads.csv"}
     paths["heads.md"].write_text(to_markdown(table))
-    buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=HEADER, lineterminator="\n")
-    writer.writeheader()
-    writer.writerows(table.tidy)
-    paths["heads.csv"].write_text(buf.getvalue())
+    paths["heads.csv"].write_text(to_csv(table))  # tidy rows keyed by HEADER, in its order
     return paths
