@@ -1,7 +1,7 @@
 """Is a divergence from greedy a bug, or rounding at a near-tie? (docs/design.md, *Identical to greedy: near-ties and
 mismatches*)
 
-Three checks, at temperature 0, after the clocks stopped; ``check`` in a verdict names the one that decided:
+Four checks, at temperature 0, after the clocks stopped; ``check`` in a verdict names the one that decided:
 
 1. **own_forward — every token is its own forward's argmax.** Each emitted token carries its margin under the row of
    logits it was taken from (decoding/evidence.py). A negative margin, or an output token other than the one its row
@@ -17,6 +17,12 @@ Three checks, at temperature 0, after the clocks stopped; ``check`` in a verdict
    Δ(m) − Δ(g) with Δ = l_m − l_g: how far the two forwards disagree about this pair of tokens. For a correct method
    that is numerical noise between a one-token row and a block row; for a buggy one it is the bug's own
    perturbation (planted bugs on llama.cpp Q4 and transformers fp32/bf16: tests/test_lossless*.py).
+4. **continuation — past a near-tie, the rows still agree.** A bug can first diverge at a genuine near-tie, before
+   its drift has grown (shifted positions on prompt lookup, bf16 on an AMX CPU: a gap of 0.125 at the eighth
+   token, rows 1–2.4 logits off twenty tokens later). Past a near-tie the method's rows for its next CONTINUATION
+   tokens are compared, by check 2's statistic and tolerance, with one-token rows recomputed along its own output
+   (greedy's path over the method's text: ``continuation_rows``); a later choice of another token is weighed by
+   check 3's gap. It runs only where a divergence was judged a near-tie and the method's rows were kept.
 
 The noise is measured, never assumed (``measure_noise``): calibration prompts' greedy continuations fed one token at
 a time and in blocks (BLOCKS: causal 2/4/8/32, tree-masked 4/32; lookahead's 31 is the largest block a method
@@ -43,8 +49,9 @@ from typing import Callable
 import torch
 
 from .decoding.cached_lm import CachedLM
-from .decoding.evidence import TokenEvidence
+from .decoding.evidence import TokenEvidence, evidence_of
 from .environment import device_name
+from .lossless_rows import PAIR_RANKS, agreement, disagreements, preference, worst_ratio
 from .metrics import first_divergence
 from .records import write_json
 
@@ -63,9 +70,12 @@ IDENTICAL, NEAR_TIE, MISMATCH = "identical", "near-tie", "MISMATCH"
 # beyond 4 tokens here (llama.cpp Q4, bf16), so 16 is left out and the tree path measured at 4 and 32 only
 BLOCKS = (("causal", 2), ("causal", 4), ("causal", 8), ("causal", 32), ("tree", 4), ("tree", 32))
 POSITIONS = 64  # greedy positions per calibration text: long enough for the noise a longer context adds
-PAIR_RANKS = 15  # pair disagreements per position: the step row's argmax against each of its next 15 tokens
 TOLERANCE_FACTOR = 1.5  # tolerance = 1.5 x the largest calibrated pair disagreement (docs/design.md says why)
 NOISE_VERSION = 2  # 2: pair disagreements per block (1: the largest single-logit difference, 4x)
+# tokens past a near-tie divergence whose rows check 4 compares with one-token rows along the method's own output:
+# a bug that first diverged at a genuine near-tie goes on moving rows (shifted positions' drift grows over tens of
+# tokens on the embedded pair); the recomputation costs one-token steps over the output up to there
+CONTINUATION = 64
 QUICK_TEXTS = 1  # a first calibration on the first text alone, enough to pass what passes (LosslessCheck._passing)
 
 
@@ -228,6 +238,22 @@ def one_token_row(model, prefix: list[int]) -> torch.Tensor:
     return lm.forward(prefix[-1:])[-1]
 
 
+def continuation_rows(model, prompt_ids: list[int], tokens: list[int], start: int, stop: int) -> list[TokenEvidence]:
+    """The reference past a divergence, where greedy's own rows are of another text: one-token rows along
+    ``prompt_ids + tokens`` by greedy's own path (a prefill of the prompt, then one token at a time, as the
+    calibration's step rows), row i (``start <= i < stop``) the target's next-token row after prompt + tokens[:i],
+    kept as the evidence of tokens[i] (block 1). ``model``: a model or a pair (lm_maker)."""
+    lm = lm_maker(model)()
+    row = lm.forward(prompt_ids, keep_last=1)[-1]
+    out = []
+    for i in range(stop):
+        if i >= start:
+            out.append(evidence_of(row[None], [tokens[i]], 1)[0])
+        if i + 1 < stop:
+            row = lm.forward([tokens[i]])[-1]
+    return out
+
+
 def first_difference(greedy_ids: list[int], method_ids: list[int]) -> dict:
     """{"verdict": identical}, or a MISMATCH at the first differing index with both tokens, to be refined by the
     gap there; a MISMATCH with a ``reason`` when one output stops where the other goes on (no choice between two
@@ -279,56 +305,12 @@ def own_forward_violation(turn: Output) -> dict | None:
     return None
 
 
-def preference(evidence: TokenEvidence, other: int) -> tuple[float, bool]:
-    """l(chosen) - l(other) under the row that chose: (the gap, exact); a lower bound when ``other`` is not among
-    the row's kept top-K."""
-    logit, exact = evidence.logit_of(other)
-    return evidence.chosen_logit - logit, exact
-
-
-def row_disagreement(greedy: TokenEvidence, method: TokenEvidence) -> float | None:
-    """The largest pair disagreement |Δ(b) - Δ(a)| between two rows that chose the same token (Δ = method - greedy;
-    a = greedy's argmax, b = each of greedy's next PAIR_RANKS tokens that both rows kept): the calibration's
-    statistic, here between the method's forward and greedy's own. None when the rows share no such pair."""
-    a = greedy.top_ids[0]
-    la, ok = method.logit_of(a)
-    if not ok:
-        return None
-    delta_a = la - greedy.top_logits[0]
-    worst = None
-    for b, lb in zip(greedy.top_ids[1:PAIR_RANKS + 1], greedy.top_logits[1:PAIR_RANKS + 1]):
-        mb, ok = method.logit_of(b)
-        if ok:
-            worst = max(worst or 0.0, abs((mb - lb) - delta_a))
-    return worst
-
-
-def agreement(greedy: Output, method: Output, shared: int, profile: NoiseProfile) -> dict | None:
-    """Over the ``shared`` tokens both chose alike: the worst ratio of a row's pair disagreement to the tolerance of
-    the method's forward there. A correct method's rows differ from greedy's by noise only (ratio <= 1); a forward
-    fed wrongly (positions, a stale cache entry) moves them further, whether or not an argmax flipped. None without
-    both rows kept."""
-    worst = None
-    compared = 0
-    for index in range(min(shared, len(greedy.evidence), len(method.evidence))):
-        mine = method.evidence[index]
-        disagreement = row_disagreement(greedy.evidence[index], mine)
-        if disagreement is None:
-            continue
-        compared += 1
-        tolerance = profile.tolerance(mine.block)
-        ratio = disagreement / tolerance if tolerance > 0 else (0.0 if disagreement == 0 else float("inf"))
-        if worst is None or ratio > worst["ratio"]:
-            worst = {"ratio": ratio, "index": index, "disagreement": disagreement, "tolerance": tolerance,
-                     "block": mine.block}
-    return {"positions": compared, **worst} if worst else None
-
-
 class LosslessCheck:
-    """Classifies a method's output against greedy's on the same prompt: identical / near-tie / MISMATCH, by three
+    """Classifies a method's output against greedy's on the same prompt: identical / near-tie / MISMATCH, by four
     checks (the module docstring): each token its own forward's argmax; over the tokens both chose alike, the
     method's rows within the noise of greedy's; at the first divergence, the two forwards' disagreement about the
-    two tokens within the noise. ``check`` in a verdict names the one that decided."""
+    two tokens within the noise; past a near-tie, the method's rows within the noise of one-token rows along its own
+    output. ``check`` in a verdict names the one that decided."""
 
     def __init__(self, pair, threads: int):
         self.pair, self.threads = pair, threads
@@ -405,4 +387,21 @@ class LosslessCheck:
                       gap_method=gap_method if theirs is not None else None, exact=greedy_exact and method_exact,
                       greedy_row=greedy_row, method_row="kept" if theirs is not None else "not recorded", block=block,
                       tolerance=tolerance, verdict=NEAR_TIE if gap <= tolerance else MISMATCH)
+        if result["verdict"] == NEAR_TIE and d + 1 < min(len(method.evidence), len(method.output_ids)):
+            beyond = self._continuation(list(prompt_ids), method, d)
+            result["continuation"] = beyond
+            if beyond is not None and beyond["ratio"] > 1:
+                return {**result, "verdict": MISMATCH, "check": "continuation", "index": beyond["index"],
+                        "divergence": d, "reason": "past a near-tie, its forward disagreed with one-token rows along "
+                                                   "its own output beyond the measured noise"}
         return result
+
+    def _continuation(self, prompt_ids: list[int], method: Output, d: int) -> dict | None:
+        """Check 4: past a near-tie at ``d``, the method's rows for its next CONTINUATION tokens against one-token
+        rows recomputed along its own output (continuation_rows), by check 2's statistic and tolerance."""
+        stop = min(len(method.evidence), len(method.output_ids), d + 1 + CONTINUATION)
+        references = continuation_rows(self.pair, prompt_ids, method.output_ids, d + 1, stop)
+        samples = disagreements(references, method.evidence[d + 1:stop], first_index=d + 1)
+        profile = self._judged(lambda p: (worst_ratio(samples, p) or {"ratio": 0})["ratio"] > 1)
+        beyond = worst_ratio(samples, profile)
+        return {**beyond, "calibration_positions": profile.positions} if beyond else None

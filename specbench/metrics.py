@@ -141,16 +141,20 @@ def reference_of(record: RunRecord, baseline: list[RunRecord], paired: dict | No
     return first_repeat(baseline, record.prompt_id)
 
 
+# the checks whose MISMATCH stands whatever the ids show: not at the first divergence's index (lossless.py)
+STANDING_CHECKS = ("own_forward", "agreement", "continuation")
+
+
 def verdict_of(record: RunRecord, reference: RunRecord, divergence: int | None) -> str | None:
     """The runner's recorded verdict, when it was made against this reference and agrees with what the ids show:
-    identical (None), near-tie or MISMATCH. A MISMATCH found by the checks that need no divergence (a token its own
-    forward did not rank first; rows beyond the noise of greedy's where both chose alike: lossless.py) stands
-    whatever the ids show. Otherwise ``unclassified`` (e.g. records compared with another baseline than the one
-    they were checked against), so identical + near-ties + mismatches + unclassified add up to the prompts
-    compared."""
+    identical (None), near-tie or MISMATCH. A MISMATCH found by a check other than the divergence's gap (a token its
+    own forward did not rank first; rows beyond the noise of greedy's where both chose alike; past a near-tie, rows
+    beyond the noise of one-token rows along its own output: lossless.py) stands whatever the ids show. Otherwise
+    ``unclassified`` (e.g. records compared with another baseline than the one they were checked against), so
+    identical + near-ties + mismatches + unclassified add up to the prompts compared."""
     stored = record.lossless or {}
     same_reference = stored.get("against", reference.round) == reference.round
-    if same_reference and stored.get("verdict") == "MISMATCH" and stored.get("check") in ("own_forward", "agreement"):
+    if same_reference and stored.get("verdict") == "MISMATCH" and stored.get("check") in STANDING_CHECKS:
         return "MISMATCH"
     if divergence is None:
         return None

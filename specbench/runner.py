@@ -247,7 +247,7 @@ def classify_record(lossless, prompts: list[list[int]], record: RunRecord, basel
         for turn, (prompt, theirs, mine) in enumerate(zip(prompts, baseline.turn_list, record.turn_list)):
             result = lossless.classify(prompt, theirs, mine)
             if result["verdict"] != "identical":
-                for where in (result, result.get("own_forward"), result.get("agreement")):
+                for where in (result, *(result.get(k) for k in ("own_forward", "agreement", "continuation"))):
                     if where and "index" in where:
                         where["index"] += offset
                 if "divergence" in result:

@@ -59,6 +59,21 @@ class ThirdTokenBug(Greedy):
         return gen
 
 
+class TieFlipThenWrongContext(DecodingMethod):
+    """The first token's exact tie taken the other way (a near-tie), then every later row computed over a context that
+    lost the prompt's first token, each token its own row's argmax: a bug only the rows past the divergence show."""
+
+    def generate(self, prompt_ids, max_new_tokens, eos_ids, timeline=NoTimeline()) -> Generation:
+        logits = CachedLM(self.pair.target).forward(prompt_ids, keep_last=1)[-1]
+        out, evidence = [], []
+        wrong = CachedLM(self.pair.target)
+        while len(out) < max_new_tokens:
+            out.append(int((logits == logits.max()).nonzero().max()))
+            evidence += evidence_of(logits[None], out[-1:], 1)
+            logits = wrong.forward((list(prompt_ids[1:]) if len(out) == 1 else []) + out[-1:], keep_last=1)[-1]
+        return Generation(tokens=out, accept_lengths=[1] * len(out), evidence=evidence)
+
+
 @pytest.fixture(scope="module")
 def tied_pair():
     return build_tiny_pair(name="tiny-tied", arch="llama", lm_head_ties=PAIRED_TIES)
@@ -115,6 +130,14 @@ def test_exact_tie_is_a_near_tie_and_a_wrong_token_a_mismatch(tied_pair, tmp_pat
     assert result["verdict"] == NEAR_TIE and result["index"] == 0 and result["check"] == "divergence"
     assert result["gap"] == result["gap_greedy"] == result["gap_method"] == 0 and result["exact"]
     assert list((tmp_path / "noise").glob("*.json")), "the calibration is cached"
+    # check 4: past the near-tie, the flip's rows are one-token rows along its own output, as the recomputed ones
+    assert result["continuation"]["positions"] == 5 and result["continuation"]["ratio"] <= 1
+
+    drifting = TieFlipThenWrongContext(tied_pair, "drift").generate(prompt, 6, set())
+    assert drifting.tokens[0] == flipped.tokens[0]  # the same near-tie at the first token
+    result = check.classify(prompt, greedy, drifting)
+    assert result["verdict"] == MISMATCH and result["check"] == "continuation", result
+    assert result["divergence"] == 0 and result["index"] >= 1 and result["continuation"]["ratio"] > 1
 
     buggy = ThirdTokenBug(tied_pair, "buggy").generate(prompt, 6, set())
     result = check.classify(prompt, greedy, buggy)

@@ -58,7 +58,9 @@ def test_llamacpp_q4_catches_the_planted_bugs_and_passes_the_correct_methods(q4_
                     "or AMX): the embedded pair's bf16 numerics are not what a run here uses")
 def test_transformers_bf16_catches_the_planted_bugs_and_passes_the_correct_methods():
     """bf16's lm_head rounds logits to steps of 0.0625-0.25: the shifted-positions bug moves them by about that much
-    on the speculative chain, more on prompt lookup's longer-lived blocks (measured: docs/design.md)."""
+    on the speculative chain, more on prompt lookup's longer-lived blocks (measured: docs/design.md). On a Sapphire
+    Rapids Xeon (AMX, one thread) it first diverged at true near-ties on two prompts, before its drift had grown:
+    check 4 (continuation) catches it past them."""
     pair = load("transformers", "bfloat16")
     for method in sorted(METHODS):
         assert MISMATCH not in caught(pair, method, None)

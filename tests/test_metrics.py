@@ -142,6 +142,10 @@ def test_reference_of_prefers_the_round_partner_then_the_first_repeat():
     ({"verdict": "near-tie", "index": 3, "against": "r1"}, "r1", 3, "near-tie"),
     ({"verdict": "MISMATCH", "index": 0, "against": "r1"}, "r1", 0, "MISMATCH"),
     ({"verdict": "MISMATCH", "index": 0}, None, 0, "MISMATCH"),  # separate pairing: no round either side
+    # check 4 names the row past the near-tie at 3 that left the noise: it stands, as agreement's does
+    ({"verdict": "MISMATCH", "check": "continuation", "index": 40, "divergence": 3, "against": "r1"}, "r1", 3,
+     "MISMATCH"),
+    ({"verdict": "MISMATCH", "check": "divergence", "index": 40, "against": "r1"}, "r1", 3, "unclassified"),
     ({"verdict": "near-tie", "index": 3, "against": "r7"}, "r1", 3, "unclassified"),  # checked against another
     ({"verdict": "near-tie", "index": 2, "against": "r1"}, "r1", 3, "unclassified"),  # another position
     ({"verdict": "error", "reason": "boom", "against": "r1"}, "r1", 3, "unclassified"),
