@@ -151,13 +151,16 @@ heads: $(EMBEDDED_STAMP) ## Train the GRIFFIN and EAGLE draft heads on the embed
 	$(BIN)/python -m specbench.training.heads head=eagle $(ARGS)
 
 SPEC_BENCH_HEADS := runs/reports/spec_bench_heads_published/records
-spec-bench-heads: $(CONVERTED_STAMP) ## Spec-Bench's head rows as published: train EAGLE, EAGLE-3 (published layout), Medusa and Hydra heads for the embedded pair, then run their presets and SpS on transformers, 2 prompts per category (hours on 2 cores; resumable; ARGS=... sweep overrides) -> runs/reports/spec_bench_heads_published/
+SPEC_BENCH_HEAD_ROWS := eagle3_spec_bench,eagle_spec_bench,sam_eagle_spec_bench,eagle1_spec_bench,medusa_spec_bench,hydra_spec_bench,speculative_spec_bench
+spec-bench-heads: $(CONVERTED_STAMP) ## Spec-Bench's head rows as published: train EAGLE, EAGLE-3 (published layout), Medusa and Hydra heads for the embedded pair, then run their presets and SpS on transformers, 2 prompts per category (hours on 2 cores; resumable; ARGS=... sweep overrides), rendered with the heads' accounts -> docs/results/spec_bench_heads_published/
 	$(BIN)/python -m specbench.training.heads head=eagle data.answers=dataset
 	$(BIN)/python -m specbench.training.heads head=medusa data.answers=dataset 'head.train.stages=[{passes:1,epochs:1,lr:1.0e-3}]'
 	$(BIN)/python -m specbench.training.heads head=hydra data.answers=dataset 'head.train.stages=[{passes:1,epochs:1,lr:1.0e-3}]'
 	$(BIN)/python -m specbench.training.heads head=eagle3_published
 	$(BIN)/python -m specbench -m +experiment=spec_bench model.backend=transformers data.per_category=2 \
-		method=eagle3_spec_bench,eagle_spec_bench,sam_eagle_spec_bench,eagle1_spec_bench,medusa_spec_bench,hydra_spec_bench,speculative_spec_bench \
+		method=$(SPEC_BENCH_HEAD_ROWS) runner.records_dir=$(SPEC_BENCH_HEADS) $(ARGS)
+	$(BIN)/python -m specbench.report experiment=spec_bench out=docs/results/spec_bench_heads_published \
+		model.backend=transformers data.per_category=2 method=$(SPEC_BENCH_HEAD_ROWS) \
 		runner.records_dir=$(SPEC_BENCH_HEADS) $(ARGS)
 
 datastore: $(EMBEDDED_STAMP) ## Build REST's datastore (ShareGPT answers, suffix array) for the embedded pair -> runs/datastores/ (ARGS=datastore.limit=... model=...)
