@@ -76,6 +76,10 @@ NOISE_VERSION = 2  # 2: pair disagreements per block (1: the largest single-logi
 # a bug that first diverged at a genuine near-tie goes on moving rows (shifted positions' drift grows over tens of
 # tokens on the embedded pair); the recomputation costs one-token steps over the output up to there
 CONTINUATION = 64
+REFERENCES_KEPT = 64  # outputs whose recomputed rows check 4 keeps for repeats (64 rows of top-16 each)
+# check 3's account of a divergence it judged a near-tie: kept apart when check 4 then finds a MISMATCH
+DIVERGENCE_FIELDS = ("gap", "gap_greedy", "gap_method", "exact", "greedy_row", "method_row", "block", "tolerance",
+                     "calibration_positions")
 QUICK_TEXTS = 1  # a first calibration on the first text alone, enough to pass what passes (LosslessCheck._passing)
 
 
@@ -316,6 +320,7 @@ class LosslessCheck:
         self.pair, self.threads = pair, threads
         self._profile: NoiseProfile | None = None
         self._first: NoiseProfile | None = None
+        self._references: dict = {}  # check 4's recomputed rows of the latest outputs (repeats reuse them)
 
     @property
     def profile(self) -> NoiseProfile:
@@ -390,17 +395,25 @@ class LosslessCheck:
         if result["verdict"] == NEAR_TIE and d + 1 < min(len(method.evidence), len(method.output_ids)):
             beyond = self._continuation(list(prompt_ids), method, d)
             result["continuation"] = beyond
-            if beyond is not None and beyond["ratio"] > 1:
+            if beyond is not None and beyond["ratio"] > 1:  # check 3's near-tie kept apart: not this verdict's gap
+                near_tie = {key: result.pop(key) for key in DIVERGENCE_FIELDS if key in result}
                 return {**result, "verdict": MISMATCH, "check": "continuation", "index": beyond["index"],
-                        "divergence": d, "reason": "past a near-tie, its forward disagreed with one-token rows along "
-                                                   "its own output beyond the measured noise"}
+                        "divergence": d, "near_tie_at_divergence": near_tie,
+                        "reason": "past a near-tie, its forward disagreed with one-token rows along its own output "
+                                  "beyond the measured noise"}
         return result
 
     def _continuation(self, prompt_ids: list[int], method: Output, d: int) -> dict | None:
         """Check 4: past a near-tie at ``d``, the method's rows for its next CONTINUATION tokens against one-token
         rows recomputed along its own output (continuation_rows), by check 2's statistic and tolerance."""
         stop = min(len(method.evidence), len(method.output_ids), d + 1 + CONTINUATION)
-        references = continuation_rows(self.pair, prompt_ids, method.output_ids, d + 1, stop)
+        key = (tuple(prompt_ids), tuple(method.output_ids[:stop]), d)
+        references = self._references.pop(key, None)  # a repeat with the same output: the same rows
+        if references is None:
+            references = continuation_rows(self.pair, prompt_ids, method.output_ids, d + 1, stop)
+        self._references[key] = references
+        while len(self._references) > REFERENCES_KEPT:
+            self._references.pop(next(iter(self._references)))
         samples = disagreements(references, method.evidence[d + 1:stop], first_index=d + 1)
         profile = self._judged(lambda p: (worst_ratio(samples, p) or {"ratio": 0})["ratio"] > 1)
         beyond = worst_ratio(samples, profile)

@@ -54,8 +54,8 @@ def choice_gap(reference: TokenEvidence, method: TokenEvidence) -> float | None:
 def disagreements(references: Sequence[TokenEvidence], rows: Sequence[TokenEvidence],
                   first_index: int = 0) -> list[tuple[int, float, int]]:
     """(index, disagreement, block) per position both rows are comparable at: the method's row ``rows[j]`` against
-    ``references[j]`` (output index ``first_index + j``), by the pair disagreement, or the choice's gap where the
-    two rows chose differently and the method's token is beyond the reference's ranks (whichever is larger)."""
+    ``references[j]`` (output index ``first_index + j``), by the larger of the pair disagreement and, where the two
+    rows chose differently, the choice's gap (which also covers a method token beyond the reference's ranks)."""
     out = []
     for j, (reference, mine) in enumerate(zip(references, rows)):
         values = [v for v in (row_disagreement(reference, mine), choice_gap(reference, mine)) if v is not None]

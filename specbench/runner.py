@@ -242,7 +242,7 @@ def classify_record(lossless, prompts: list[list[int]], record: RunRecord, basel
     ``lossless``: anything with ``classify(prompt, greedy_turn, method_turn)`` (lossless.LosslessCheck, or an
     engine's own) over schema.TurnRecords."""
     reference = {"against": baseline.round, "against_repeat": baseline.repeat}
-    offset, worst = 0, None  # worst: the identical turns' largest row disagreement (lossless.agreement)
+    offset, worst = 0, None  # worst: the identical turns' largest row disagreement (lossless_rows.agreement)
     try:
         for turn, (prompt, theirs, mine) in enumerate(zip(prompts, baseline.turn_list, record.turn_list)):
             result = lossless.classify(prompt, theirs, mine)

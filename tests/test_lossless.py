@@ -138,6 +138,11 @@ def test_exact_tie_is_a_near_tie_and_a_wrong_token_a_mismatch(tied_pair, tmp_pat
     result = check.classify(prompt, greedy, drifting)
     assert result["verdict"] == MISMATCH and result["check"] == "continuation", result
     assert result["divergence"] == 0 and result["index"] >= 1 and result["continuation"]["ratio"] > 1
+    # the divergence's own near-tie is kept apart, so the record never reads "MISMATCH, gap 0 <= tolerance"
+    assert "gap" not in result and result["near_tie_at_divergence"]["gap"] == 0
+    # a repeat with the same output reuses the rows recomputed for it
+    monkeypatch.setattr("specbench.lossless.continuation_rows", lambda *a: pytest.fail("recomputed for a repeat"))
+    assert check.classify(prompt, greedy, drifting)["continuation"] == result["continuation"]
 
     buggy = ThirdTokenBug(tied_pair, "buggy").generate(prompt, 6, set())
     result = check.classify(prompt, greedy, buggy)

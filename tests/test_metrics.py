@@ -157,6 +157,28 @@ def test_verdict_of(stored, ref_round, divergence, expected):
     assert verdict_of(record, rec("p", 1, 1.0, round_id=ref_round), divergence) == expected
 
 
+def test_a_later_turns_verdict_counts_its_indices_over_the_concatenated_turns():
+    """runner.classify_record: a continuation MISMATCH in turn 2 (near-tie at its token 1, a row beyond the noise at
+    its token 3) names both places in the record's output_ids, past turn 1's 4 tokens."""
+    from specbench.runner import classify_record
+
+    class Check:
+        def classify(self, prompt, greedy, method):
+            if greedy.output_ids == method.output_ids:
+                return {"verdict": "identical"}
+            return {"verdict": "MISMATCH", "check": "continuation", "index": 3, "divergence": 1,
+                    "continuation": {"index": 3, "ratio": 2.0}}
+
+    turns = [TurnRecord(output_ids=[1, 2, 3, 4]), TurnRecord(output_ids=[5, 6, 7, 8])]
+    diverged = [TurnRecord(output_ids=[1, 2, 3, 4]), TurnRecord(output_ids=[5, 9, 7, 8])]
+    baseline = RunRecord(prompt_id="p", turns=turns, pairing={"round": "r1"})
+    record = RunRecord(prompt_id="p", turns=diverged, pairing={"round": "r1"})
+    verdict = classify_record(Check(), [[0], [0]], record, baseline)
+    assert verdict["turn"] == 1 and verdict["against"] == "r1"
+    assert (verdict["index"], verdict["divergence"], verdict["continuation"]["index"]) == (7, 5, 7)
+    assert verdict_of(record.__class__(**{**vars(record), "lossless": verdict}), baseline, 5) == "MISMATCH"
+
+
 # -- identity: "identical to greedy k/n" ----------------------------------------------------------------------------
 
 def identity_case():

@@ -19,8 +19,9 @@ import json
 import sys
 from dataclasses import asdict
 
-from ..lossless import (CALIBRATION_TEXTS, IDENTICAL, MISMATCH, NEAR_TIE, NOISE_VERSION, PAIR_RANKS,
+from ..lossless import (CALIBRATION_TEXTS, IDENTICAL, MISMATCH, NEAR_TIE, NOISE_VERSION,
                         TOLERANCE_FACTOR, NoiseProfile, first_difference, output_of)
+from ..lossless_rows import PAIR_RANKS
 from ..records import write_json
 
 TOP = 20  # logprobs per position compared (vLLM's default max_logprobs)
