@@ -39,6 +39,7 @@ from .environment import check_threads
 from .errors import ConfigError, require
 from .models.backend import backend_of_config
 from .models.execution import execution_of_config
+from .models.static_support import check_config_attention
 from .models.precision import precision_of_config
 
 
@@ -159,6 +160,8 @@ def check_components(cfg: DictConfig, pair=None) -> None:
         from .models.gguf_pair import check_llamacpp_execution
 
         check_llamacpp_execution(model.get("execution", "auto"))
+    else:  # flash/flex attention under a static cache's own mask: refused here, before anything loads
+        check_config_attention(model)
     sampling = plain(cfg, "sampling")
     stand_in = pair if pair is not None else ConfigOnlyPair(model)
     construct(cfg.data, "data")

@@ -209,11 +209,46 @@ def test_bad_execution_settings_fail_before_any_model_loads(tmp_path):
              ("model=embedded", "model.backend=transformers", "model.execution=static", "model.buckets=[1,2,4]",
               "method=prompt_lookup"):
                  "model.buckets: method 'prompt_lookup' feeds the target up to 11 tokens",
-             ("model.execution=jit",): "model.execution: unknown execution 'jit'"}
+             ("model.execution=jit",): "model.execution: unknown execution 'jit'",
+             ("model.execution=static", "+model.attn_implementation=flash_attention_2"):
+                 "model.attn_implementation: 'flash_attention_2' builds its own attention mask"}
     for overrides, message in cases.items():
         proc = run_cli(*overrides, "data=humaneval", "data.limit=1", records_dir=tmp_path / "records", check=False)
         assert proc.returncode == 2 and message in proc.stderr, (overrides, proc.stderr[-2000:])
         assert "Loading" not in proc.stderr and "converting" not in proc.stderr  # nothing loaded
+
+
+@pytest.mark.parametrize("config, problem", [
+    (dict(rope_scaling={"rope_type": "dynamic", "factor": 2.0}), "RoPE scaling ['dynamic']"),
+    (dict(rope_scaling={"rope_type": "longrope", "short_factor": [1.0] * 4, "long_factor": [2.0] * 4,
+                        "original_max_position_embeddings": 64}), "RoPE scaling ['longrope']"),
+    (dict(layer_types=["full_attention", "sliding_attention"]), "layers of kind ['sliding_attention']"),
+    (dict(model_type="mistral", sliding_window=4096), "a sliding attention window of 4096 tokens"),
+    (dict(rope_scaling={"rope_type": "linear", "factor": 2.0}), None),  # a fixed scaling: static-safe
+    (dict(model_type="qwen2", sliding_window=4096, use_sliding_window=False), None),  # declared, not used
+    (dict(), None),
+])
+def test_a_model_a_static_cache_cannot_run_is_refused_before_its_weights_load(tmp_path, config, problem):
+    """Written as a checkpoint with a config.json and no weights: the hub loader refuses it on its config alone."""
+    from transformers import AutoConfig
+
+    from specbench.models.hub import load_hub_pair
+    from specbench.models.static_support import static_problems
+
+    model_type = config.pop("model_type", "llama")
+    hf_config = AutoConfig.for_model(model_type, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                     num_attention_heads=4, num_key_value_heads=2, vocab_size=300, **config)
+    problems = static_problems(hf_config)
+    assert (problems == []) if problem is None else (problem in " ".join(problems)), problems
+    if problem is None:
+        return
+    hf_config.save_pretrained(tmp_path)
+    with pytest.raises(ConfigError, match=r"model.execution: static runs a static cache.*"
+                                          r"valid for it: model.execution=eager") as error:
+        load_hub_pair("refused", str(tmp_path), None, device_map=None, execution="static")
+    assert problem in str(error.value)
+    with pytest.raises(ConfigError, match="cannot load"):  # eager: on to the weights, which are not there
+        load_hub_pair("refused", str(tmp_path), None, device_map=None, execution="eager")
 
 
 # -- every method equals the same mode's greedy --------------------------------------------------------------------

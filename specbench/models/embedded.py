@@ -22,6 +22,7 @@ from .pair import ModelPair, attention_of, eos_ids_of, prepare_for_inference
 from .backend import announce_backend, resolve_backend
 from .execution import announce_execution, resolve_attention, resolve_execution
 from .precision import DTYPES, announce, resolve_precision
+from .static_support import check_static_attention, check_static_checkpoint
 
 
 @dataclass(frozen=True)
@@ -139,9 +140,12 @@ def load_embedded_pair(name: str, dtype: str = "auto", device: str = "cpu", chat
     announce_execution(runs, name)
     kwargs = {"dtype": precision.torch_dtype}
     attention = resolve_attention(attn_implementation, device)
+    check_static_attention(runs, attention)
     if attention:
         kwargs["attn_implementation"] = attention
     dirs = {spec.role: prepare(spec, precision.dtype) for spec in ((TARGET, DRAFT) if load_draft else (TARGET,))}
+    for role, path in dirs.items():
+        check_static_checkpoint(runs, path, role)
     target = prepare_for_inference(AutoModelForCausalLM.from_pretrained(dirs["target"], **kwargs), device, precision)
     draft = (prepare_for_inference(AutoModelForCausalLM.from_pretrained(dirs["draft"], **kwargs), device, precision)
              if load_draft else None)

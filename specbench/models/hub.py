@@ -12,6 +12,7 @@ from .backend import resolve_backend
 from .execution import announce_execution, resolve_attention, resolve_execution
 from .backend import placement_device
 from .precision import announce, resolve_precision
+from .static_support import check_static_attention, check_static_checkpoint
 
 
 def _load(role: str, name: str, model_id: str, local_files_only: bool, **kwargs):
@@ -50,8 +51,13 @@ def load_hub_pair(name: str, target: str, draft: str | None, dtype: str = "auto"
     if device_map:
         kwargs["device_map"] = device_map
     attention = resolve_attention(attn_implementation, placement)
+    check_static_attention(runs, attention)
     if attention:
         kwargs["attn_implementation"] = attention
+    for role, model_id in (("target", target), ("draft", draft if load_draft else None)):
+        if model_id:  # RoPE scaling, sliding windows: from config.json, before any weights load
+            check_static_checkpoint(runs, model_id, role, missing_ok=True, local_files_only=local_files_only,
+                                    trust_remote_code=trust_remote_code)
     tokenizer_id = tokenizer or target
     try:
         tok = AutoTokenizer.from_pretrained(tokenizer_id, local_files_only=local_files_only,
