@@ -169,8 +169,22 @@ def test_reserve_sizes_every_static_cache_before_timing():
     pair.lm().forward([5, 6])
     pair.reserve(1000)
     assert pair.statics["target"].capacity >= 1000 + max(pair.execution.buckets)
-    pair.lm("draft").forward([5])
-    assert pair.statics["draft"].capacity >= 1000
+    pair.lm("draft").forward([5])  # built after the reservation: room for the largest bucket's padding too
+    assert pair.statics["draft"].capacity >= 1000 + max(pair.execution.buckets)
+
+
+def test_a_generation_within_what_was_reserved_never_grows_a_cache():
+    """Reserved before any static cache exists (as the runner does), the longest generation runs to its last token,
+    verify blocks padded to their bucket there: no cache grows (in graphs each growth recaptures every bucket while
+    the clock runs; before, a cache built after the reservation had no room for the padding)."""
+    pair = build_tiny_pair(execution="static")
+    prompt, budget = list(range(5, 205)), 56
+    pair.reserve(len(prompt) + budget)
+    generation = SpeculativeDecoding(pair, "speculative", gamma=4).generate(prompt, budget, set())
+    assert len(generation.tokens) == budget
+    assert pair.growths == 0, {key: static.capacity for key, static in pair.statics.items()}
+    pair.lm().forward([5 + i % 200 for i in range(len(prompt) + budget + 200)])  # beyond it: grows, and says so
+    assert pair.growths == 1
 
 
 # -- settings and errors ------------------------------------------------------------------------------------------

@@ -72,6 +72,12 @@ class Block:
         return self.replay() if self.replay is not None else self.owner.compute(self)
 
 
+def capacity_for(needed: int, buckets: Sequence[int]) -> int:
+    """The cache positions ``needed`` positions take: plus the largest bucket (a forward padded to it near the end
+    writes that far), rounded up to a multiple of 64."""
+    return -(-(needed + max(buckets)) // 64) * 64
+
+
 class BucketedForward:
     """What static execution shares between a model (StaticModel) and a draft head (decoding/head_runner.py): the
     buckets, one Block each, the capacity of the cache, capture, and staging a forward's inputs. A subclass
@@ -88,6 +94,7 @@ class BucketedForward:
         self.blocks: dict[int, Block] = {}
         self.session = 0  # the generation that owns the cache now
         self.captures, self.capture_s = 0, 0.0  # graphs captured, seconds spent capturing (never timed)
+        self.growths = 0  # times the allocated cache grew (static and graphs alike; each recaptures in graphs)
         self.cols = torch.arange(capacity, device=device)
 
     # what a subclass provides
@@ -117,12 +124,15 @@ class BucketedForward:
         """Have room for ``needed`` positions plus the largest bucket's padding, buffers allocated and (graphs)
         every bucket captured. Called before each forward; does work only at first use and on growth (announced
         when a forward needed it, not when ``reserving`` ahead of time)."""
-        room = needed + max(self.buckets)
+        room = capacity_for(needed, self.buckets)
         if room > self.capacity:
-            capacity = max(2 * self.capacity, -(-room // 64) * 64)
-            if self.allocated and not reserving:
-                print(f"[specbench] {self.label}: static cache grown from {self.capacity} to {capacity} positions "
-                      "(model.cache_length, or ModelPair.reserve before timing, avoids this)", file=sys.stderr)
+            capacity = max(2 * self.capacity, room)
+            if self.allocated:
+                self.growths += 1  # counted in every mode: a growth inside a timed generation is a bug of ours
+                if not reserving:
+                    print(f"[specbench] {self.label}: static cache grown from {self.capacity} to {capacity} "
+                          "positions (model.cache_length, or ModelPair.reserve before timing, avoids this)",
+                          file=sys.stderr)
             self.capacity = capacity
             self.grow_cache(capacity)
             self.cols = torch.arange(capacity, device=self.device)

@@ -102,12 +102,13 @@ class LoopBackend:
         method.reset(self.seed + index)
         if warm:
             method.restore_state(state)
-        captures = method.pair.captures
+        captures, growths = method.pair.captures, method.pair.growths
         turns, prompts = self.generate_turns(method, example)
         if warm:
             self.states[(id(method), spec.key)].setdefault(index + 1, method.carried_state())
-        execution = {**method.pair.execution.as_record(),
-                     "captured_while_timed": method.pair.captures[0] - captures[0]}  # 0 unless a cache regrew
+        execution = {**method.pair.execution.as_record(),  # both 0 unless a cache grew while timed (a bug of ours)
+                     "captured_while_timed": method.pair.captures[0] - captures[0],
+                     "grown_while_timed": method.pair.growths - growths}
         record = build_record(spec, example, index, repeat, self.max_new_tokens, turns, dtype=method.pair.dtype,
                               env={**self.env, "precision": method.pair.precision.as_record(),
                                    "execution": execution},

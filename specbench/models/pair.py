@@ -81,11 +81,12 @@ class ModelPair:
         """The static forward registered under ``key``, built at first use by ``build(buckets=, capacity=,
         capture=)`` (a StaticModel, a draft head's StaticHead): ``reserve`` sizes it and ``captures`` counts its
         graphs."""
-        from ..decoding.static_lm import DEFAULT_CAPACITY, cuda_capture
+        from ..decoding.static_lm import DEFAULT_CAPACITY, capacity_for, cuda_capture
 
         static = self.statics.get(key)
-        if static is None:
-            capacity = max(self.execution.cache_length or 0, self.reserved, DEFAULT_CAPACITY)
+        if static is None:  # room for the reserved positions and the padding of the largest bucket past them
+            reserved = capacity_for(self.reserved, self.execution.buckets) if self.reserved else 0
+            capacity = max(self.execution.cache_length or 0, reserved, DEFAULT_CAPACITY)
             static = self.statics[key] = build(buckets=self.execution.buckets, capacity=capacity,
                                                capture=cuda_capture if self.execution.graphs else None)
         return static
@@ -116,6 +117,11 @@ class ModelPair:
     def captures(self) -> tuple[int, float]:
         """(graphs captured so far, seconds spent capturing them) over every static model of the pair."""
         return (sum(s.captures for s in self.statics.values()), sum(s.capture_s for s in self.statics.values()))
+
+    @property
+    def growths(self) -> int:
+        """Times an allocated static cache grew (static and graphs alike: ``reserve`` before timing avoids it)."""
+        return sum(s.growths for s in self.statics.values())
 
     @property
     def target_info(self) -> dict:
