@@ -11,7 +11,6 @@ against the measured noise. ``block``: the tokens the forward that computed the 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Sequence
 
 import torch
@@ -19,15 +18,52 @@ import torch
 TOP_K = 16  # ids and logits kept per emitted token (a near-tie's two tokens are near the top of both rows)
 
 
-@dataclass
 class TokenEvidence:
-    """One emitted token's row: its margin, the row's top-K (ids, logits, best first), the forward's size."""
+    """One emitted token's row: its margin, the row's top-K (ids, logits, best first), the forward's size.
 
-    token: int
-    margin: float  # l(token) - max over the other tokens: < 0 means the row's argmax was another token
-    top_ids: list[int]
-    top_logits: list[float]
-    block: int
+    Made during a timed generation (``evidence_of``) it holds the row's top-K and the token's logit as device
+    tensors (kernels enqueued, nothing read back), and reads them to the host the first time a field is looked at —
+    after the clocks stopped (the record's margins, the losslessness check): on a GPU, a read inside the step is a
+    host sync (three per token before)."""
+
+    __slots__ = ("token", "block", "_margin", "_top_ids", "_top_logits", "_pending")
+
+    def __init__(self, token: int, margin: float, top_ids: list[int], top_logits: list[float], block: int):
+        self.token, self.block = token, block
+        self._margin, self._top_ids, self._top_logits, self._pending = margin, top_ids, top_logits, None
+
+    @classmethod
+    def on_device(cls, token: int, top_values: torch.Tensor, top_indices: torch.Tensor, chosen: torch.Tensor,
+                  block: int) -> "TokenEvidence":
+        """``top_values``/``top_indices``: (K,) the row's top-K; ``chosen``: () l(token); all left where they are."""
+        evidence = cls(token, 0.0, [], [], block)
+        evidence._pending = (top_values, top_indices, chosen)
+        return evidence
+
+    def _read(self) -> None:
+        if self._pending is not None:
+            values, indices, chosen = self._pending
+            self._pending = None
+            self._top_ids, self._top_logits = indices.tolist(), values.tolist()
+            best_other = next((v for i, v in zip(self._top_ids, self._top_logits) if i != self.token),
+                              self._top_logits[-1])
+            self._margin = float(chosen) - best_other
+
+    @property
+    def margin(self) -> float:
+        """l(token) - max over the other tokens: < 0 means the row's argmax was another token."""
+        self._read()
+        return self._margin
+
+    @property
+    def top_ids(self) -> list[int]:
+        self._read()
+        return self._top_ids
+
+    @property
+    def top_logits(self) -> list[float]:
+        self._read()
+        return self._top_logits
 
     def logit_of(self, token: int) -> tuple[float, bool]:
         """(l(token), exact): the logit when ``token`` is in the kept top-K, else the K-th logit, an upper bound."""
@@ -41,21 +77,33 @@ class TokenEvidence:
         best_other = next((v for i, v in zip(self.top_ids, self.top_logits) if i != self.token), self.top_logits[-1])
         return best_other + self.margin
 
+    def __repr__(self) -> str:
+        return (f"TokenEvidence(token={self.token}, margin={self.margin}, top_ids={self.top_ids}, "
+                f"top_logits={self.top_logits}, block={self.block})")
+
 
 def evidence_of(rows: torch.Tensor, tokens: Sequence[int], block: int) -> list[TokenEvidence]:
-    """Evidence for ``tokens[i]`` chosen from ``rows[i]`` ((n, V) logits of one forward that fed ``block`` tokens)."""
+    """Evidence for ``tokens[i]`` chosen from ``rows[i]`` ((n, V) logits of one forward that fed ``block`` tokens):
+    the top-K and the tokens' logits computed now (on the rows' device: a static forward's output buffer is
+    overwritten by the next forward), read back only when first looked at (TokenEvidence)."""
     if not len(tokens):
         return []
     rows = rows.float()
     k = min(TOP_K, rows.shape[-1])
     top = rows.topk(k, dim=-1)
-    chosen = rows.gather(1, torch.tensor(list(tokens), device=rows.device).view(-1, 1)).view(-1)
-    ids, values, chosen = top.indices.tolist(), top.values.tolist(), chosen.tolist()
-    out = []
-    for token, row_ids, row_values, own in zip(tokens, ids, values, chosen):
-        best_other = next((v for i, v in zip(row_ids, row_values) if i != token), row_values[-1])
-        out.append(TokenEvidence(int(token), own - best_other, row_ids, row_values, block))
-    return out
+    # l(token) per row by plain indexing (views, one stack kernel): an index tensor built from the host's token ids
+    # would be a host-to-device copy, which waits for the queued forward
+    chosen = torch.stack([rows[i, token] for i, token in enumerate(tokens)])
+    return [TokenEvidence.on_device(token, top.values[i], top.indices[i], chosen[i], block)
+            for i, token in enumerate(tokens)]
+
+
+def rows_at(logits: torch.Tensor, index: Sequence[int]) -> torch.Tensor:
+    """``logits[index]`` ((len(index), V)) without an index tensor from the host: a slice where ``index`` is a
+    run of consecutive rows (a chain's accepted prefix), else one stack of row views (a tree's path)."""
+    if list(index) == list(range(index[0], index[0] + len(index))):
+        return logits[index[0]:index[0] + len(index)]
+    return torch.stack([logits[i] for i in index])
 
 
 def rounded(margins: Sequence[float]) -> list[float]:

@@ -11,7 +11,7 @@ from typing import Sequence
 import torch
 
 from .cached_lm import CachedLM
-from .evidence import evidence_of
+from .evidence import evidence_of, rows_at
 from .generation import Generation, finalize_tokens, is_finished
 from .proposal import Proposal, Proposer, Step, StepContext
 from .sampling import Sampler
@@ -75,7 +75,7 @@ def verify_step(lm: CachedLM, tokens: list[int], proposal: Proposal, sampler: Sa
     if topk:
         step.topk = logits[:n + 1].topk(topk, dim=-1).indices.tolist()  # (1 + n, k), best first
     if evidence and (sampler is None or sampler.greedy):  # the emitted tokens' rows: x0's, then each accepted node's
-        step.evidence = evidence_of(logits[[0] + [1 + node for node in path]], step.emitted,
+        step.evidence = evidence_of(rows_at(logits, [0] + [1 + node for node in path]), step.emitted,
                                     len(pending) + len(proposal.side_tokens) + n)
     tokens += step.emitted
     return step

@@ -1,0 +1,42 @@
+"""Counting a generation's device-to-host reads: on a GPU each is a host sync (the loop waits for every kernel
+queued before it), so a step that reads more than once measures our loop as much as the method (issue 53's
+target: one per decoding step). ``count_host_reads()`` counts, for its duration, every Python-level read of a
+tensor's values (``tolist``, ``item``, ``int()``, ``float()``, ``bool()``, use as an index, ``cpu``, ``numpy``) by
+where it was called from. On a CPU every tensor is a host tensor, so it counts the reads a GPU run of the same code
+makes; on CUDA, ``torch.cuda.set_sync_debug_mode("warn")`` names the same places. Copies from the host (an index
+tensor built from Python ids) are not counted: the decoding code avoids them by construction (evidence.rows_at).
+"""
+from __future__ import annotations
+
+import sys
+from collections import Counter
+from contextlib import contextmanager
+
+import torch
+
+READS = ("tolist", "item", "__int__", "__float__", "__bool__", "__index__", "cpu", "numpy")
+
+
+@contextmanager
+def count_host_reads():
+    """Yields a Counter of reads keyed by (read, "file:line" of the code that asked); ``sum(c.values())`` in all."""
+    counter: Counter = Counter()
+    originals = {name: getattr(torch.Tensor, name) for name in READS}
+
+    def counting(name):
+        original = originals[name]
+
+        def read(self, *args, **kwargs):
+            caller = sys._getframe(1)
+            counter[(name, f"{caller.f_code.co_filename.rsplit('/specbench/', 1)[-1]}:{caller.f_lineno}")] += 1
+            return original(self, *args, **kwargs)
+
+        return read
+
+    for name in READS:
+        setattr(torch.Tensor, name, counting(name))
+    try:
+        yield counter
+    finally:
+        for name, original in originals.items():
+            setattr(torch.Tensor, name, original)
