@@ -19,7 +19,7 @@ Four checks, at temperature 0, after the clocks stopped; ``check`` in a verdict 
    perturbation (planted bugs on llama.cpp Q4 and transformers fp32/bf16: tests/test_lossless*.py).
 4. **continuation — past a near-tie, the rows still agree.** A bug can first diverge at a genuine near-tie, before
    its drift has grown (shifted positions on prompt lookup, bf16 on an AMX CPU: a gap of 0.125 at the eighth
-   token, rows 1–2.4 logits off twenty tokens later). Past a near-tie the method's rows for its next CONTINUATION
+   token, its rows 23 logits off further on). Past a near-tie the method's rows for its next CONTINUATION
    tokens are compared, by check 2's statistic and tolerance, with one-token rows recomputed along its own output
    (greedy's path over the method's text: ``continuation_rows``); a later choice of another token is weighed by
    check 3's gap. It runs only where a divergence was judged a near-tie and the method's rows were kept.
@@ -77,9 +77,6 @@ NOISE_VERSION = 2  # 2: pair disagreements per block (1: the largest single-logi
 # tokens on the embedded pair); the recomputation costs one-token steps over the output up to there
 CONTINUATION = 64
 REFERENCES_KEPT = 64  # outputs whose recomputed rows check 4 keeps for repeats (64 rows of top-16 each)
-# check 3's account of a divergence it judged a near-tie: kept apart when check 4 then finds a MISMATCH
-DIVERGENCE_FIELDS = ("gap", "gap_greedy", "gap_method", "exact", "greedy_row", "method_row", "block", "tolerance",
-                     "calibration_positions")
 QUICK_TEXTS = 1  # a first calibration on the first text alone, enough to pass what passes (LosslessCheck._passing)
 
 
@@ -388,17 +385,18 @@ class LosslessCheck:
         gap = gap_greedy + gap_method
         profile = self._judged(lambda p: gap > p.tolerance(block))
         tolerance = profile.tolerance(block)
-        result.update(check="divergence", gap=gap, gap_greedy=gap_greedy, calibration_positions=profile.positions,
+        judged = dict(gap=gap, gap_greedy=gap_greedy, calibration_positions=profile.positions,
                       gap_method=gap_method if theirs is not None else None, exact=greedy_exact and method_exact,
                       greedy_row=greedy_row, method_row="kept" if theirs is not None else "not recorded", block=block,
-                      tolerance=tolerance, verdict=NEAR_TIE if gap <= tolerance else MISMATCH)
+                      tolerance=tolerance)
+        result.update(check="divergence", **judged, verdict=NEAR_TIE if gap <= tolerance else MISMATCH)
         if result["verdict"] == NEAR_TIE and d + 1 < min(len(method.evidence), len(method.output_ids)):
             beyond = self._continuation(list(prompt_ids), method, d)
             result["continuation"] = beyond
             if beyond is not None and beyond["ratio"] > 1:  # check 3's near-tie kept apart: not this verdict's gap
-                near_tie = {key: result.pop(key) for key in DIVERGENCE_FIELDS if key in result}
-                return {**result, "verdict": MISMATCH, "check": "continuation", "index": beyond["index"],
-                        "divergence": d, "near_tie_at_divergence": near_tie,
+                return {**{k: v for k, v in result.items() if k not in judged}, "verdict": MISMATCH,
+                        "check": "continuation", "index": beyond["index"], "divergence": d,
+                        "near_tie_at_divergence": judged,
                         "reason": "past a near-tie, its forward disagreed with one-token rows along its own output "
                                   "beyond the measured noise"}
         return result

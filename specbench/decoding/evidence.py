@@ -45,9 +45,7 @@ class TokenEvidence:
             values, indices, chosen = self._pending
             self._pending = None
             self._top_ids, self._top_logits = indices.tolist(), values.tolist()
-            best_other = next((v for i, v in zip(self._top_ids, self._top_logits) if i != self.token),
-                              self._top_logits[-1])
-            self._margin = float(chosen) - best_other
+            self._margin = float(chosen) - self.best_other_logit
 
     @property
     def margin(self) -> float:
@@ -72,10 +70,14 @@ class TokenEvidence:
         return self.top_logits[-1], False
 
     @property
+    def best_other_logit(self) -> float:
+        """max over the kept top-K of the tokens other than ``token`` (the K-th logit if all K are it: K = 1)."""
+        return next((v for i, v in zip(self.top_ids, self.top_logits) if i != self.token), self.top_logits[-1])
+
+    @property
     def chosen_logit(self) -> float:
         """l(token): the row's best other logit plus the margin."""
-        best_other = next((v for i, v in zip(self.top_ids, self.top_logits) if i != self.token), self.top_logits[-1])
-        return best_other + self.margin
+        return self.best_other_logit + self.margin
 
     def __repr__(self) -> str:
         return (f"TokenEvidence(token={self.token}, margin={self.margin}, top_ids={self.top_ids}, "
