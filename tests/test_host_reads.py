@@ -1,13 +1,23 @@
 """Device-to-host reads per decoding step (decoding/host_reads.py), counted on a CPU: what a GPU run would sync on.
 The losslessness evidence (each token's top-K row) stays on the device during the step and is read after the
 clocks stop: greedy reads once per token (its argmax), as a fast greedy loop does."""
+import pytest
 import torch
 
-from specbench.decoding.evidence import TokenEvidence, evidence_of, rows_at
+from specbench.decoding.evidence import TokenEvidence, evidence_of
 from specbench.decoding.host_reads import count_host_reads
+from specbench.decoding.staging import rows_at
+from specbench.methods.feature_head import FeatureHeadMethod
 from specbench.methods.greedy import Greedy
+from specbench.methods.medusa import MedusaMethod
+from specbench.methods.sl_policies import ConfidenceSL
+from specbench.methods.specinfer import SpecInfer
 from specbench.methods.speculative import SpeculativeDecoding
 from specbench.models.tiny import build_tiny_pair
+
+from .loop_methods import loop_methods
+from .test_feature_heads import random_head
+from .test_medusa import random_heads
 
 PROMPT = list(range(5, 30))
 
@@ -33,14 +43,67 @@ def test_greedy_reads_once_per_token_its_evidence_none_until_the_clocks_stop():
     assert sum(reads.values()) > 0 and all(m >= 0 for m in margins)
 
 
-def test_a_speculative_chain_reads_once_per_drafted_token_and_once_per_verify():
-    """The draft's argmax per drafted token and the verify's one read per step (γ + 1 per step here; issue 53's
-    target, drafting on the device, is 1): the evidence adds none."""
+def test_a_greedy_speculative_chain_reads_once_per_step():
+    """Drafted on the device (the argmax fed back as a tensor), read once with the target's argmax at the verify: one
+    read per step; the evidence adds none. Equal output to greedy, and the same counters as drafting on the host."""
     pair = build_tiny_pair()
+    greedy = Greedy(pair, "greedy").generate(PROMPT, 24, set())
     with count_host_reads() as reads:
         generation = SpeculativeDecoding(pair, "speculative", gamma=4).generate(PROMPT, 24, set())
     steps = len(generation.accept_lengths)
-    assert sum(reads.values()) == generation.drafted + steps, reads.most_common(5)
+    assert generation.tokens == greedy.tokens
+    assert sum(reads.values()) == steps, reads.most_common(5)
+
+
+def test_policies_that_judge_each_draft_and_sampling_read_each_drafted_token():
+    pair = build_tiny_pair()
+    with count_host_reads() as reads:
+        generation = SpeculativeDecoding(pair, "confidence", policy=ConfidenceSL(0.0, sl_max=4)).generate(
+            PROMPT, 24, set())
+    # the argmax and the policy's confidence per drafted token, one read per verify
+    assert sum(reads.values()) == 2 * generation.drafted + len(generation.accept_lengths), reads.most_common(5)
+
+
+ONE_READ_PER_STEP = ["speculative", "dyn_heur", "token_recycling", "prompt_lookup", "lookahead", "sam_decoding",
+                     "sam_speculative", "suffix"]
+
+
+@pytest.mark.parametrize("name", ONE_READ_PER_STEP)
+def test_methods_on_the_loop_read_once_per_step(name):
+    """Drafts on the device or from host structures (n-gram pools, automata, Token Recycling's matrix in numpy),
+    and the verify's argmax, drafted ids and top-k rows in one read."""
+    pair = build_tiny_pair()
+    method = loop_methods(pair, 4)[name]
+    method.reset(0)
+    with count_host_reads() as reads:
+        generation = method.generate(PROMPT, 24, set())
+    assert generation.tokens == Greedy(pair, "greedy").generate(PROMPT, 24, set()).tokens
+    assert sum(reads.values()) == len(generation.accept_lengths), reads.most_common(5)
+
+
+@pytest.mark.parametrize("kind", ["eagle", "medusa", "specinfer", "eagle1", "medusa_template"])
+def test_dynamic_trees_read_once_per_depth_static_trees_once_per_step(kind, tmp_path):
+    """EAGLE-2 (GRIFFIN's tree is the same code), Medusa's grown tree and SpecInfer: one read per depth expanded (its
+    scores and ids together), plus the verify's. EAGLE-1's template: one per depth too (each depth's ranks come from
+    the head forward over the one before). Medusa's static template: every head reads h_t alone, one read for all."""
+    pair = build_tiny_pair()
+    depth = 3
+    if kind == "specinfer":
+        method = SpecInfer(pair, "specinfer", widths=[2, 2, 1], max_nodes=8)
+    elif kind.startswith("medusa"):
+        template = [[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0]] if kind == "medusa_template" else None
+        method = MedusaMethod(pair, "medusa", head=random_heads(pair, "medusa", tmp_path, heads=depth), top_k=3,
+                              depth=depth, max_nodes=10, tree=template)
+    else:
+        template = [[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0]] if kind == "eagle1" else None
+        method = FeatureHeadMethod(pair, kind, kind="eagle", head=random_head(pair, "eagle", tmp_path), top_k=3,
+                                   depth=depth, max_nodes=10, tree=template)
+    with count_host_reads() as reads:
+        generation = method.generate(PROMPT, 24, set())
+    assert generation.tokens == Greedy(pair, "greedy").generate(PROMPT, 24, set()).tokens
+    steps = len(generation.accept_lengths)
+    per_step = 2 if kind == "medusa_template" else depth + 1
+    assert steps < sum(reads.values()) <= per_step * steps, reads.most_common(5)
 
 
 def test_evidence_read_later_equals_the_row_read_at_once():

@@ -151,7 +151,22 @@ def test_captures_happen_once_per_bucket_at_first_use_and_again_only_when_the_ca
     assert len(calls) == 4 and static.captures == 4  # one per bucket, at the first forward
     lm = StaticLM(static)
     lm.forward(list(range(3, 70)))  # (ids < 259) needs more than 64 positions: grown, every bucket captured again
-    assert static.captures == 8 and static.capacity >= 67 + 8
+    assert static.capacity >= 67 + 8 and static.spans == (64, 128)
+    assert static.captures == 4 + 4 * 2  # every bucket for each key span of the grown cache
+
+
+def test_attention_reads_the_shortest_key_span_holding_the_context():
+    """Key spans (kv_spans): a forward attends over the cache's first 64, 128, ... positions, not its capacity, and
+    gives the eager logits whichever span it reads."""
+    pair = pair_for()
+    static = StaticModel(pair.target, (1, 2, 4, 8), 512, None, label="test")
+    assert static.spans == (64, 128, 256, 512)
+    lm, ref = StaticLM(static), pair_for(execution="eager").lm()
+    spans = []
+    for block in ([5, 6, 7], list(range(3, 120)), [11, 12], list(range(3, 140)), [13]):
+        assert torch.allclose(lm.forward(block), ref.forward(block), atol=1e-5)
+        spans.append(static.kv.span)
+    assert spans == [64, 128, 128, 512, 512]  # 3 positions; 120; 122 (+ the bucket of 2); 261; 262
 
 
 def test_a_graphed_call_replays_on_the_newest_arguments():
@@ -330,9 +345,10 @@ def test_graphs_bookkeeping_with_a_stand_in_capture(heads, monkeypatch):
         for _ in range(2):
             method.reset(0)
             assert method.generate([5, 6, 7], 24, set()).tokens == reference
-    buckets = len(pair.execution.buckets)
     assert len(pair.statics) == 4  # target, draft, and the two heads
-    assert pair.captures[0] == len(calls) == 4 * buckets  # each captured once: nothing during the generations
+    # each (bucket, key span) pair captured once, none during the generations
+    pairs = sum(span >= size for static in pair.statics.values() for size in static.buckets for span in static.spans)
+    assert pair.captures[0] == len(calls) == pairs
 
 
 # -- T > 0: distribution-preserving in static mode too ---------------------------------------------------------------

@@ -12,6 +12,7 @@ import torch
 
 from ..models.cache_api import cache_argument, returned_cache
 from ..timing import ForwardClock
+from .staging import ids_on, rows_at, to_device
 from .token_tree import tree_inputs
 
 
@@ -50,9 +51,10 @@ class CachedLM:
         return 0 if self.cache is None else int(self.cache.get_seq_length())
 
     @torch.inference_mode()
-    def forward(self, ids: Sequence[int], keep_last: int | None = None,
+    def forward(self, ids: Sequence[int] | torch.Tensor, keep_last: int | None = None,
                 parents: Sequence[int] | None = None, cached_parents: Sequence[int] = ()) -> torch.Tensor:
-        """Run the model on ``ids`` after the cached prefix; return float32 logits (n, V).
+        """Run the model on ``ids`` after the cached prefix; return float32 logits (n, V). ``ids``: Python ints, or
+        an (n,) tensor of ids already on a device (read by nothing: staging.ids_on).
 
         keep_last: only compute logits for the last n positions (prefill needs one row, not
         prompt_len x vocab).
@@ -65,7 +67,7 @@ class CachedLM:
         if len(ids) == 0:
             raise ValueError("CachedLM.forward needs at least one token")
         self.clock.start()
-        input_ids = torch.tensor([list(ids)], dtype=torch.long, device=self.device)
+        input_ids = ids_on(ids, self.device)[None]  # (1, n)
         kwargs = {}
         if keep_last is not None:
             kwargs["logits_to_keep"] = keep_last
@@ -108,7 +110,7 @@ class CachedLM:
         for layer in self.cache.layers:
             device = layer.keys.device
             if device not in on_device:
-                on_device[device] = index.to(device)
+                on_device[device] = to_device(index, device)
             layer.keys = layer.keys.index_select(-2, on_device[device])
             layer.values = layer.values.index_select(-2, on_device[device])
 
@@ -158,7 +160,7 @@ class FeatureLM(CachedLM):
         return self.model.get_output_embeddings()(hidden if keep is None else hidden[:, -keep:])
 
     def features_at(self, rows):
-        return self.hidden[list(rows)]
+        return rows_at(self.hidden, list(rows))
 
 
 @contextmanager

@@ -34,6 +34,7 @@ from .generation import ForwardLog
 from .head_runner import EagerHeadRunner
 from .proposal import Proposal, Step, StepContext
 from .rank_tree import by_depth
+from .staging import read_scores_and_ids
 
 
 class HeadTree:
@@ -104,10 +105,10 @@ class HeadTree:
         slot = {-1: -1}
         for depth in range(1, depth_cap + 1):
             top = logp.topk(min(k, logp.shape[-1]), dim=-1)
-            ids = self.parts.target_ids(top.indices).tolist()
+            values, ids = read_scores_and_ids(top.values, self.parts.target_ids(top.indices))  # the depth's read
             children = []
             for row, parent in enumerate(frontier):
-                for value, token in zip(top.values[row].tolist(), ids[row]):
+                for value, token in zip(values[row], ids[row]):
                     children.append(len(pool))
                     pool.append(((pool[parent][0] if parent >= 0 else 0.0) + value, depth, parent, int(token)))
             expandable = [c for c in children if pool[c][3] not in context.eos_ids]
@@ -146,8 +147,12 @@ class HeadTree:
             wanted: dict[int, int] = {}  # parent node -> ranks its children need
             for path, parent in placed:
                 wanted[parent] = max(wanted.get(parent, 0), path[-1] + 1)
-            ranked = {parent: self.parts.target_ids(logp_of[parent].topk(min(k, logp_of[parent].shape[-1])).indices)
-                      .tolist() for parent, k in wanted.items()}
+            if not wanted:
+                break
+            # the ranks every expanded parent needs, in one read: the top max-k of each, cut to its own k
+            parents, most = list(wanted), min(max(wanted.values()), logp.shape[-1])
+            top = self.parts.target_ids(torch.stack([logp_of[parent] for parent in parents]).topk(most).indices)
+            ranked = {parent: row[:wanted[parent]] for parent, row in zip(parents, top.tolist())}
             added = []
             for path, parent in placed:
                 if path[-1] >= len(ranked[parent]):

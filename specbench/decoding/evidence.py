@@ -100,14 +100,6 @@ def evidence_of(rows: torch.Tensor, tokens: Sequence[int], block: int) -> list[T
             for i, token in enumerate(tokens)]
 
 
-def rows_at(logits: torch.Tensor, index: Sequence[int]) -> torch.Tensor:
-    """``logits[index]`` ((len(index), V)) without an index tensor from the host: a slice where ``index`` is a
-    run of consecutive rows (a chain's accepted prefix), else one stack of row views (a tree's path)."""
-    if list(index) == list(range(index[0], index[0] + len(index))):
-        return logits[index[0]:index[0] + len(index)]
-    return torch.stack([logits[i] for i in index])
-
-
 def rounded(margins: Sequence[float]) -> list[float]:
     """Margins as records keep them: four significant digits (fp32 margins can be 1e-6, bf16 ones 0.125)."""
     return [float(f"{m:.4g}") for m in margins]

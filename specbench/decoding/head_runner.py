@@ -16,6 +16,7 @@ from typing import Sequence
 import torch
 
 from ..models.draft_head import DraftHead, HeadCache, TargetParts
+from .staging import ids_on
 from .static_lm import Block, BucketedForward
 from .token_tree import tree_inputs, tree_layout
 
@@ -38,18 +39,18 @@ class EagerHeadRunner:
 
     def forward(self, ids: list[int], features: torch.Tensor, parents: list[int], cached_parents: list[int]):
         mask, positions = tree_inputs(parents, self.cache.length, self.dtype, self.device, cached_parents)
-        embeds = self.parts.embed(torch.tensor([ids], device=self.device))
+        embeds = self.parts.embed(ids_on(ids, self.device)[None])
         predict, regress = self.head(embeds.to(self.dtype), features[None].to(self.dtype), positions, mask,
                                      self.cache)
         return torch.log_softmax(self.parts.logits(predict[0]).float(), dim=-1), regress[0]
 
 
 class StaticHeadCache:
-    """The head's keys and values (1, kv heads, capacity, d), written at ``write_index`` (HeadCache's ``append``
-    interface, so the head's Attention runs unchanged)."""
+    """The head's keys and values (1, kv heads, capacity, d), written at ``write_index``, read over the first
+    ``span`` positions (HeadCache's ``append`` interface, so the head's Attention runs unchanged)."""
 
     def __init__(self, capacity: int):
-        self.capacity = capacity
+        self.capacity = self.span = capacity
         self.keys: torch.Tensor | None = None
         self.values: torch.Tensor | None = None
         self.write_index: torch.Tensor | None = None
@@ -60,10 +61,10 @@ class StaticHeadCache:
             self.values = v.new_zeros((*v.shape[:2], self.capacity, v.shape[-1]))
         self.keys.index_copy_(2, self.write_index, k)
         self.values.index_copy_(2, self.write_index, v)
-        return self.keys, self.values
+        return self.keys[:, :, :self.span], self.values[:, :, :self.span]
 
     def grow(self, capacity: int) -> None:
-        self.capacity = capacity
+        self.capacity = self.span = capacity
         if self.keys is not None:
             keys, values = self.keys, self.values
             self.keys = keys.new_zeros((*keys.shape[:2], capacity, keys.shape[-1]))
@@ -97,6 +98,7 @@ class StaticHead(BucketedForward):
     def compute(self, block: Block):
         """(log-probabilities (B, V_d) float32, regress (B, H)) of the Block's rows."""
         self.cache.write_index = block.start + block.rows
+        self.cache.span = block.span
         embeds = self.parts.embed(block.ids).to(self.dtype)
         predict, regress = self.head(embeds, block.features[None], block.positions, block.visible[None, None],
                                      self.cache)

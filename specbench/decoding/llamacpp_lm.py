@@ -72,9 +72,12 @@ class LlamaCppLM:
             raise RuntimeError("this llama.cpp context was handed to another generation (one generation per context "
                                "and role at a time): create the CachedLM again with pair.lm(role)")
 
-    def forward(self, ids: Sequence[int], keep_last: int | None = None, parents: Sequence[int] | None = None,
-                cached_parents: Sequence[int] = ()) -> torch.Tensor:
-        """As CachedLM.forward: float32 logits (rows, V) for the last ``keep_last`` of ``ids`` (all when None)."""
+    def forward(self, ids: Sequence[int] | torch.Tensor, keep_last: int | None = None,
+                parents: Sequence[int] | None = None, cached_parents: Sequence[int] = ()) -> torch.Tensor:
+        """As CachedLM.forward: float32 logits (rows, V) for the last ``keep_last`` of ``ids`` (all when None); ids
+        as a tensor (a chain drafted as tensors) are host tensors here: reading them costs no sync."""
+        if isinstance(ids, torch.Tensor):
+            ids = ids.tolist()
         if len(ids) == 0:
             raise ValueError("LlamaCppLM.forward needs at least one token")
         if cached_parents and parents is None:

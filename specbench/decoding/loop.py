@@ -11,10 +11,11 @@ from typing import Sequence
 import torch
 
 from .cached_lm import CachedLM
-from .evidence import evidence_of, rows_at
+from .evidence import evidence_of
 from .generation import Generation, finalize_tokens, is_finished
 from .proposal import Proposal, Proposer, Step, StepContext
 from .sampling import Sampler
+from .staging import joined_ids, rows_at
 from .verify import verify_tree_argmax, verify_tree_sampling
 
 
@@ -29,7 +30,9 @@ def feed(lm: CachedLM, pending: Sequence[int], proposal: Proposal) -> tuple[torc
     tree the side nodes come first, then the proposal (the block layout lookahead and Ouroboros were measured
     with: rows are computed together, and in bf16 a different layout can round a near-tie differently).
     """
-    n, s = len(proposal.tokens), len(proposal.side_tokens)
+    n, s = proposal.size, len(proposal.side_tokens)
+    if proposal.device_tokens is not None:  # a chain drafted on the device: joined to the pending ids there
+        return lm.forward(joined_ids(pending, proposal.device_tokens, lm.device), keep_last=n + 1), None
     if proposal.is_chain and not s and not proposal.fed_as_tree:
         return lm.forward(list(pending) + proposal.tokens, keep_last=n + 1), None
     past, root = lm.length, len(pending) - 1
@@ -40,6 +43,22 @@ def feed(lm: CachedLM, pending: Sequence[int], proposal: Proposal) -> tuple[torc
     rows = lm.forward(block, parents=parents, keep_last=len(block) - root)  # x0, side nodes, proposal nodes
     logits = torch.cat([rows[:1], rows[1 + s:], rows[1:1 + s]])
     return logits, [past + root + 1 + s + node for node in range(n)]
+
+
+def read_step(logits: torch.Tensor, n: int, drafted: torch.Tensor | None, topk: int):
+    """The verify step's one host read: (the drafted ids when still on the device, else None; the target's argmax
+    at every fed row (1 + n + s); with ``topk``, the top-k ids at x0 and every proposal node, (1 + n, k), else None)."""
+    argmax = logits.argmax(dim=-1)  # (1 + n + s,)
+    parts = [argmax] if drafted is None else [drafted.to(argmax.device), argmax]
+    k = min(topk, logits.shape[-1])
+    if k:
+        parts.append(logits[:n + 1].topk(k, dim=-1).indices.flatten())  # best first
+    values = torch.cat(parts).tolist()
+    start = 0 if drafted is None else n
+    rows = values[start:start + len(argmax)]
+    top = values[start + len(argmax):]
+    return (None if drafted is None else values[:n], rows,
+            [top[i * k:(i + 1) * k] for i in range(n + 1)] if k else None)
 
 
 def verify_step(lm: CachedLM, tokens: list[int], proposal: Proposal, sampler: Sampler | None,
@@ -58,8 +77,10 @@ def verify_step(lm: CachedLM, tokens: list[int], proposal: Proposal, sampler: Sa
     past = lm.length
     pending = tokens[past:]
     logits, positions = feed(lm, pending, proposal)  # (1 + n + s, V)
-    n = len(proposal.tokens)
-    argmax = logits.argmax(dim=-1).tolist()
+    n = proposal.size
+    drafted, argmax, top = read_step(logits, n, proposal.device_tokens, topk)
+    if drafted is not None:
+        proposal.read_tokens(drafted)
     if sampler is None or sampler.greedy:
         path, next_token = verify_tree_argmax(proposal, argmax)
     else:
@@ -72,8 +93,7 @@ def verify_step(lm: CachedLM, tokens: list[int], proposal: Proposal, sampler: Sa
     side = len(proposal.side_tokens)
     features = lm.features_at(list(range(len(pending))) + [len(pending) + side + node for node in path])
     step = Step(proposal, path, next_token, argmax[:n + 1], argmax[n + 1:], tokens, features=features)
-    if topk:
-        step.topk = logits[:n + 1].topk(topk, dim=-1).indices.tolist()  # (1 + n, k), best first
+    step.topk = top
     if evidence and (sampler is None or sampler.greedy):  # the emitted tokens' rows: x0's, then each accepted node's
         step.evidence = evidence_of(rows_at(logits, [0] + [1 + node for node in path]), step.emitted,
                                     len(pending) + len(proposal.side_tokens) + n)

@@ -34,14 +34,31 @@ class Proposal:
     side_tokens: list[int] = field(default_factory=list)
     side_parents: list[int] = field(default_factory=list)
     fed_as_tree: bool = False  # feed with a tree mask even when a chain (the kernel a method was measured with)
+    # a chain's (n,) ids still on the device they were drafted on (``on_device``): ``tokens`` is empty until the
+    # verify step fills it from the one read it makes (loop.verify_step)
+    device_tokens: torch.Tensor | None = None
 
     @classmethod
     def chain(cls, tokens: Sequence[int], probs: torch.Tensor | None = None) -> "Proposal":
         return cls(list(tokens), list(range(-1, len(tokens) - 1)), probs)
 
+    @classmethod
+    def chain_on_device(cls, tokens: torch.Tensor) -> "Proposal":
+        """A greedy chain of (n,) device ids, read by nothing before the verify step (point masses)."""
+        return cls([], list(range(-1, len(tokens) - 1)), device_tokens=tokens)
+
+    @property
+    def size(self) -> int:
+        """Proposal nodes (known before a device chain's ids are read)."""
+        return len(self.parents)
+
     @property
     def is_chain(self) -> bool:
-        return self.parents == list(range(-1, len(self.tokens) - 1))
+        return self.parents == list(range(-1, len(self.parents) - 1))
+
+    def read_tokens(self, values: Sequence[int]) -> None:
+        """A device chain's ids, read (``values``): from now on an ordinary proposal."""
+        self.tokens, self.device_tokens = list(values), None
 
     @property
     def depth(self) -> int:

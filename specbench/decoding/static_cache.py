@@ -46,10 +46,11 @@ class SlotLayer(CacheLayerMixin):
             index = self.owner.index_on(self.keys.device)
         self.keys.index_copy_(2, index, key_states.to(self.keys.dtype))
         self.values.index_copy_(2, index, value_states.to(self.values.dtype))
-        return self.keys, self.values
+        span = self.owner.span  # attention reads the first ``span`` positions only (a view: nothing copied)
+        return self.keys[:, :, :span], self.values[:, :, :span]
 
     def get_mask_sizes(self, *args, **kwargs) -> tuple[int, int]:
-        return self.owner.capacity, 0
+        return self.owner.span, 0
 
     def get_seq_length(self, *args, **kwargs) -> int:
         return 0  # see the module docstring
@@ -59,10 +60,11 @@ class SlotLayer(CacheLayerMixin):
 
 
 class StaticKV(Cache):
-    """The static cache of one model: ``capacity`` positions per layer, ``write_index`` set per forward."""
+    """The static cache of one model: ``capacity`` positions per layer; ``write_index`` and ``span`` (the positions a
+    forward attends over, from the first) set per forward."""
 
     def __init__(self, num_layers: int, capacity: int, device: torch.device):
-        self.capacity = capacity
+        self.capacity = self.span = capacity
         super().__init__(layers=[SlotLayer(self) for _ in range(num_layers)])
         self.write_index = torch.zeros(1, dtype=torch.long, device=device)
         self._index_copies: dict[torch.device, torch.Tensor] = {}
@@ -75,7 +77,7 @@ class StaticKV(Cache):
         return 0
 
     def get_mask_sizes(self, *args, **kwargs) -> tuple[int, int]:
-        return self.capacity, 0
+        return self.span, 0
 
     def index_on(self, device: torch.device) -> torch.Tensor:
         copy = self._index_copies.get(device)
@@ -121,7 +123,7 @@ class StaticKV(Cache):
     def grow(self, capacity: int) -> None:
         """A larger buffer for every layer, the old positions copied into its front (invalidates captured graphs)."""
         old = [(layer.keys, layer.values) if layer.is_initialized else None for layer in self.layers]
-        self.capacity = capacity
+        self.capacity = self.span = capacity
         self.storages = []
         for layer, kept in zip(self.layers, old):
             if kept is None:

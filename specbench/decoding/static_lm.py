@@ -2,10 +2,13 @@
 buckets and (graphs) replayed from CUDA graphs captured once per (model, bucket). gpt-fast's recipe.
 
 One ``StaticModel`` per (model, role) owns the buffers: the StaticKV cache (static_cache.py), and per bucket B
-the static inputs of a forward — ids (1, B), position ids (1, B), the write start (1,), what each row sees
-``visible`` (B, capacity) — and the function over them: additive mask from ``visible``, keys written at
-start + 0..B-1, the base model's last hidden state (1, B, H) out. In ``graphs`` mode that function is captured
-once per bucket (before any timing: at the first use of the model, in the runner's warm-up) and replayed.
+and key span S the static inputs of a forward — ids (1, B), position ids (1, B), the write start (1,), what each
+row sees ``visible`` (B, S) — and the function over them: additive mask from ``visible``, keys written at
+start + 0..B-1, attention over the cache's first S positions only, the base model's last hidden state (1, B, H)
+out. In ``graphs`` mode that function is captured once per (B, S) (before any timing: at the first use of the
+model, in the runner's warm-up) and replayed. The spans (``kv_spans``: powers of two from 64, then the capacity)
+keep a forward's attention, and the K/V copies of grouped-query attention, to at most twice the context it reads
+rather than the whole capacity.
 
 A ``StaticLM`` is one generation's view of it (what CachedLM is in eager mode): a logical ``length``; ``forward``
 writes the tokens' ids and positions into the smallest bucket that holds them (padding rows see only themselves
@@ -15,8 +18,8 @@ just lowers the length (the stale positions are masked out, then overwritten); `
 accepted path's keys and values into place (StaticKV.move). A block larger than every bucket (a prefill) runs
 the same function unpadded and uncaptured.
 
-Attention in a static forward spans the whole capacity (masked), so the capacity is sized to the run
-(``ModelPair.reserve``: longest prompt + budget + the largest bucket) rather than to the model's context.
+The capacity is sized to the run (``ModelPair.reserve``: longest prompt + budget + the largest bucket) rather than
+to the model's context, once, before timing.
 """
 from __future__ import annotations
 
@@ -32,6 +35,7 @@ from ..timing import ForwardClock
 from .cached_lm import fit_vocabulary
 from .graphs import cuda_capture  # noqa: F401  (looked up here by ModelPair.static_for: tests stand it in)
 from .static_cache import StaticKV
+from .staging import host_buffer, rows_at, to_device
 from .token_tree import tree_layout
 
 DEFAULT_CAPACITY = 256  # positions when nothing was reserved (tests, direct use); grows on demand
@@ -53,23 +57,35 @@ def output_head(model: torch.nn.Module) -> Callable[[torch.Tensor], torch.Tensor
 
 
 class Block:
-    """The static inputs of a forward of ``size`` rows (module docstring); ``features`` (size, F) where the
-    forward also reads a feature per row (a draft head)."""
+    """The static inputs of a forward of ``size`` rows attending to the cache's first ``span`` positions (module
+    docstring); ``features`` (size, F) where the forward also reads a feature per row (a draft head)."""
 
-    def __init__(self, owner: "BucketedForward", size: int):
-        self.owner, self.size = owner, size
-        device, capacity = owner.device, owner.capacity
+    def __init__(self, owner: "BucketedForward", size: int, span: int):
+        self.owner, self.size, self.span = owner, size, span
+        device = owner.device
         self.inputs = torch.zeros(2 * size + 1, dtype=torch.long, device=device)  # ids | positions | start
         self.ids, self.positions = self.inputs[:size].view(1, size), self.inputs[size:2 * size].view(1, size)
         self.start = self.inputs[2 * size:]
         self.rows = torch.arange(size, device=device)
-        self.visible = torch.zeros(size, capacity, dtype=torch.bool, device=device)
+        self.visible = torch.zeros(size, span, dtype=torch.bool, device=device)
         self.features = (torch.zeros(size, owner.feature_size, dtype=owner.feature_dtype, device=device)
                          if owner.feature_size else None)
         self.replay: Callable | None = None  # graphs: the captured forward
 
     def run(self):
         return self.replay() if self.replay is not None else self.owner.compute(self)
+
+
+SMALLEST_SPAN = 64  # the shortest key span a forward attends over (kv_spans)
+
+
+def kv_spans(capacity: int) -> tuple[int, ...]:
+    """The key spans forwards are bucketed by: powers of two from SMALLEST_SPAN below ``capacity``, then it."""
+    spans, span = [], SMALLEST_SPAN
+    while span < capacity:
+        spans.append(span)
+        span *= 2
+    return (*spans, capacity)
 
 
 def capacity_for(needed: int, buckets: Sequence[int]) -> int:
@@ -80,8 +96,8 @@ def capacity_for(needed: int, buckets: Sequence[int]) -> int:
 
 class BucketedForward:
     """What static execution shares between a model (StaticModel) and a draft head (decoding/head_runner.py): the
-    buckets, one Block each, the capacity of the cache, capture, and staging a forward's inputs. A subclass
-    says how its cache is allocated and grown and what the forward computes over a Block."""
+    buckets and key spans, one Block per pair, the capacity of the cache, capture, and staging a forward's inputs. A
+    subclass says how its cache is allocated and grown and what the forward computes over a Block."""
 
     feature_size = 0  # F: a per-row feature input (a draft head reads the target's features)
     feature_dtype = torch.float32
@@ -91,7 +107,8 @@ class BucketedForward:
         self.device, self.label, self.capture = device, label, capture
         self.buckets = tuple(sorted(buckets))
         self.capacity = capacity
-        self.blocks: dict[int, Block] = {}
+        self.spans = kv_spans(capacity)
+        self.blocks: dict[tuple[int, int], Block] = {}  # (rows B, key span S) -> its Block
         self.session = 0  # the generation that owns the cache now
         self.captures, self.capture_s = 0, 0.0  # graphs captured, seconds spent capturing (never timed)
         self.growths = 0  # times the allocated cache grew (static and graphs alike; each recaptures in graphs)
@@ -133,29 +150,38 @@ class BucketedForward:
                     print(f"[specbench] {self.label}: static cache grown from {self.capacity} to {capacity} "
                           "positions (model.cache_length, or ModelPair.reserve before timing, avoids this)",
                           file=sys.stderr)
-            self.capacity = capacity
+            self.capacity, self.spans = capacity, kv_spans(capacity)
             self.grow_cache(capacity)
             self.cols = torch.arange(capacity, device=self.device)
             self.blocks = {}
         if not self.allocated:
-            block = Block(self, 1)
+            block = Block(self, 1, self.capacity)
             self._scratch(block)
             self.allocate(block)
         if not self.blocks:
             started = time.perf_counter()
-            for size in sorted(self.buckets, reverse=True):  # largest first: smaller graphs reuse its pool memory
-                block = self.blocks[size] = Block(self, size)
-                if self.capture is not None:
-                    self._scratch(block)
-                    block.replay = self._captured(block)
-                    self.captures += 1
+            # largest first: smaller graphs reuse its pool memory
+            for size in sorted(self.buckets, reverse=True):
+                for span in sorted(self.spans, reverse=True):
+                    if span < size:
+                        continue
+                    block = self.blocks[size, span] = Block(self, size, span)
+                    if self.capture is not None:
+                        self._scratch(block)
+                        block.replay = self._captured(block)
+                        self.captures += 1
             self.capture_s += time.perf_counter() - started
 
+    def span_for(self, end: int) -> int:
+        """The shortest key span holding positions 0..end-1."""
+        return next(span for span in self.spans if span >= end)
+
     def _scratch(self, block: Block) -> None:
-        """Inputs that write only the last ``block.size`` positions and read only themselves (warm-up, capture)."""
+        """Inputs for warm-up and capture: keys written to the last ``block.size`` positions (past anything valid,
+        by ``capacity_for``), each row seeing one position of its span (finite, whatever it holds)."""
         block.start.fill_(self.capacity - block.size)
         block.visible.zero_()
-        block.visible[block.rows, self.capacity - block.size + block.rows] = True
+        block.visible[block.rows, block.span - block.size + block.rows] = True
 
     def _captured(self, block: Block):
         try:
@@ -166,27 +192,32 @@ class BucketedForward:
                                "model.cache_length or model.buckets") from exc
 
     @torch.inference_mode()
-    def stage(self, ids: Sequence[int], positions: Sequence[int], start: int, prefix: int, local: torch.Tensor,
-              features: torch.Tensor | None = None) -> Block:
+    def stage(self, ids: Sequence[int] | torch.Tensor, positions: Sequence[int], start: int, prefix: int,
+              local: torch.Tensor, features: torch.Tensor | None = None) -> Block:
         """The Block for ``len(ids)`` rows with their inputs written: ids and position ids, keys to go at
         ``start``.., and row i seeing the positions before ``prefix`` and ``local[i]`` (n, w) over the w positions
         from ``prefix`` (w = start - prefix + n); padding rows see only themselves. ``features`` (n, F)."""
         n = len(ids)
         self.prepare(start + n)
-        size = next((b for b in self.buckets if b >= n), None)
-        block = self.blocks[size] if size is not None else Block(self, n)  # larger than every bucket: unpadded
+        size = next((b for b in self.buckets if b >= n), n)  # larger than every bucket: unpadded
+        span = self.span_for(start + size)
+        block = self.blocks[size, span] if (size, span) in self.blocks else Block(self, n, span)
         size = block.size
         width = start - prefix + size  # columns from the prefix to the end of the padded block
-        host = torch.zeros(2 * size + 1, dtype=torch.long)
-        host[:n] = torch.tensor(list(ids), dtype=torch.long)
+        host = host_buffer(2 * size + 1, torch.long, self.device)  # ids, position ids, start: one pinned copy
+        on_device = isinstance(ids, torch.Tensor)  # drafted ids kept on the device: copied there, never read
+        if not on_device:
+            host[:n] = torch.tensor(list(ids), dtype=torch.long)
         host[size:size + n] = torch.tensor(list(positions), dtype=torch.long)
         host[2 * size] = start
-        pattern = torch.zeros(size, width, dtype=torch.bool)
+        pattern = host_buffer((size, width), torch.bool, self.device)
         pattern[:n, :local.shape[1]] = local
         pad = torch.arange(n, size)
         pattern[pad, width - size + pad] = True
         block.inputs.copy_(host, non_blocking=True)
-        torch.lt(self.cols.expand(size, -1), prefix, out=block.visible)
+        if on_device:
+            block.inputs[:n].copy_(ids, non_blocking=True)
+        torch.lt(self.cols[:span].expand(size, -1), prefix, out=block.visible)
         block.visible[:, prefix:prefix + width].copy_(pattern, non_blocking=True)
         if features is not None:
             block.features[:n].copy_(features)
@@ -221,22 +252,24 @@ class StaticModel(BucketedForward):
         self.kv.grow(capacity)
 
     def compute(self, block: Block) -> torch.Tensor:
-        """Keys written at start + 0..B-1, the additive mask from ``visible``; the last hidden state (1, B, H)."""
+        """Keys written at start + 0..B-1, attention over the first S positions (the additive mask from ``visible``);
+        the last hidden state (1, B, H)."""
         self.kv.write_index = block.start + block.rows
-        mask = torch.where(block.visible, self.visible_value, self.hidden_value)[None, None]  # (1, 1, B, capacity)
+        self.kv.span = block.span
+        mask = torch.where(block.visible, self.visible_value, self.hidden_value)[None, None]  # (1, 1, B, S)
         out = self.base(input_ids=block.ids, position_ids=block.positions, attention_mask=mask,
                         use_cache=True, **{self.cache_arg: self.kv})
         return out.last_hidden_state
 
     @torch.inference_mode()
-    def forward(self, ids: Sequence[int], positions: Sequence[int], start: int, prefix: int,
+    def forward(self, ids: Sequence[int] | torch.Tensor, positions: Sequence[int], start: int, prefix: int,
                 local: torch.Tensor) -> torch.Tensor:
         """Hidden states (n, H) of ``ids`` (BucketedForward.stage says what the arguments mean)."""
         return self.stage(ids, positions, start, prefix, local).run()[0, :len(ids)]
 
     @torch.inference_mode()
     def move(self, source: list[int], destination: list[int]) -> None:
-        index = torch.tensor([source, destination], dtype=torch.long).to(self.device, non_blocking=True)
+        index = to_device(torch.tensor([source, destination], dtype=torch.long), self.device)
         self.kv.move(index[0], index[1])
 
 
@@ -272,9 +305,10 @@ class StaticLM:
                                "is one generation's (build a new one with ModelPair.lm)")
 
     @torch.inference_mode()
-    def forward(self, ids: Sequence[int], keep_last: int | None = None, parents: Sequence[int] | None = None,
-                cached_parents: Sequence[int] = ()) -> torch.Tensor:
-        """As CachedLM.forward: float32 logits (keep_last or all rows, V) of ``ids`` after the cached ones."""
+    def forward(self, ids: Sequence[int] | torch.Tensor, keep_last: int | None = None,
+                parents: Sequence[int] | None = None, cached_parents: Sequence[int] = ()) -> torch.Tensor:
+        """As CachedLM.forward: float32 logits (keep_last or all rows, V) of ``ids`` (Python ints or an (n,) device
+        tensor) after the cached ones."""
         if len(ids) == 0:
             raise ValueError("CachedLM.forward needs at least one token")
         if cached_parents and parents is None:
@@ -300,7 +334,7 @@ class StaticLM:
         return logits
 
     def features_at(self, rows: Sequence[int]) -> torch.Tensor | None:
-        return self.hidden[list(rows)] if self.keeps_features else None
+        return rows_at(self.hidden, list(rows)) if self.keeps_features else None
 
     def crop(self, new_length: int) -> None:
         if new_length > self.length:

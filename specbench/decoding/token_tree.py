@@ -13,6 +13,8 @@ from typing import Sequence
 
 import torch
 
+from .staging import to_device
+
 
 def depths(parents: Sequence[int]) -> list[int]:
     out: list[int] = []
@@ -62,10 +64,13 @@ def tree_inputs(parents: Sequence[int], past: int, dtype: torch.dtype, device,
     over the whole tree would. Empty (the default): every cached position is prefix, as before.
     """
     prefix, positions, local = tree_layout(parents, past, cached_parents)
-    visible = torch.cat([torch.ones(len(parents), prefix, dtype=torch.bool), local], dim=1)
-    mask = torch.zeros(visible.shape, dtype=dtype)
-    mask.masked_fill_(~visible, torch.finfo(dtype).min)
-    return mask[None, None].to(device), torch.tensor([positions], dtype=torch.long, device=device)
+    # only the (n, m + n) local pattern and the position ids cross to the device (staged); the mask over the
+    # prefix is built there
+    local, position_ids = to_device(local, device), to_device(torch.tensor([positions], dtype=torch.long), device)
+    visible = torch.ones(len(parents), prefix + local.shape[1], dtype=torch.bool, device=device)
+    visible[:, prefix:] = local
+    mask = torch.zeros(visible.shape, dtype=dtype, device=device).masked_fill_(~visible, torch.finfo(dtype).min)
+    return mask[None, None], position_ids
 
 
 def path_to(parents: Sequence[int], node: int) -> list[int]:

@@ -33,6 +33,7 @@ from ..decoding.generation import ForwardLog
 from ..decoding.loop import speculative_generate
 from ..decoding.proposal import Proposal, Step, StepContext
 from ..decoding.rank_tree import by_depth, parse_tree
+from ..decoding.staging import read_scores_and_ids, to_device
 from ..errors import ConfigError, positive_int, require
 from ..models.draft_head import TargetParts
 from ..models.head_artifact import head_source
@@ -67,7 +68,7 @@ class MedusaTree:
         self.head_log.add(h.shape[0])
         embeds = None
         if path_ids is not None:
-            embeds = self.parts.embed(torch.tensor(path_ids, device=h.device)).to(self.dtype)  # (n, k, H)
+            embeds = self.parts.embed(to_device(torch.tensor(path_ids), h.device)).to(self.dtype)  # (n, k, H)
         u = self.heads.hidden(k, h, embeds)
         return torch.log_softmax(self.heads.logits(k, u, self.parts.logits).float(), dim=-1)
 
@@ -95,12 +96,13 @@ class MedusaTree:
             else:  # head d reads h_t alone: the same children under every frontier node
                 logp = self._logp(depth, h).expand(len(frontier), -1)
             top = logp.topk(min(k, logp.shape[-1]), dim=-1)
+            values, ids = read_scores_and_ids(top.values, top.indices)  # the depth's one read
             children = []
             for row, parent in enumerate(frontier):
                 base = pool[parent][0] if parent >= 0 else 0.0
-                for value, token in zip(top.values[row].tolist(), top.indices[row].tolist()):
+                for value, token in zip(values[row], ids[row]):
                     children.append(len(pool))
-                    pool.append((base + value, depth, parent, int(token)))
+                    pool.append((base + value, depth, parent, token))
             expandable = [c for c in children if pool[c][3] not in context.eos_ids]
             frontier = sorted(expandable, key=lambda c: (-pool[c][0], c))[:k]
             if not frontier:
@@ -119,13 +121,20 @@ class MedusaTree:
 
     def _fill(self, proposal: Proposal, context: StepContext, depth_cap: int) -> None:
         """The static template: the node at rank path p + [r] is the r-th token of head len(p) + 1's distribution
-        (Medusa's heads read h_t alone, so one ranking per head serves every node of its depth; Hydra's read the
-        node's path: one batched forward per depth over the nodes with children). Nothing hangs under an EOS."""
+        (Medusa's heads read h_t alone, so one ranking per head serves every node of its depth, and every head's
+        ranking is read at once; Hydra's read the node's path: one batched forward and one read per depth over the
+        nodes with children). Nothing hangs under an EOS."""
         hydra = self.heads.cfg.kind == "hydra"
         h = self.feature[None].to(self.dtype)  # (1, H)
+        levels = self.levels[:depth_cap]
+        if not hydra:  # head d's ranking for every level, (width_d,) each: one read
+            logps = [self._logp(len(level[0]), h)[0] for level in levels]  # (V,) each
+            widths = [min(max(q[-1] for q in level) + 1, logps[0].shape[-1]) for level in levels]
+            tops = torch.stack([logp.topk(max(widths)).indices for logp in logps]).tolist()
+            rankings = [row[:width] for row, width in zip(tops, widths)]
         node_of: dict[tuple, int] = {(): -1}  # template path -> proposal node (-1: x0)
         path_of: dict[tuple, list[int]] = {(): [context.tokens[-1]]}  # x0, d_1.. of a node's path (Hydra reads it)
-        for level in self.levels[:depth_cap]:
+        for index, level in enumerate(levels):
             depth = len(level[0])
             parents = [p for p in dict.fromkeys(q[:-1] for q in level)
                        if p in node_of and (not p or proposal.tokens[node_of[p]] not in context.eos_ids)]
@@ -133,10 +142,10 @@ class MedusaTree:
                 break
             if hydra:
                 logp = self._logp(depth, h.expand(len(parents), -1), [path_of[p] for p in parents])
-            else:
-                logp = self._logp(depth, h).expand(len(parents), -1)
-            width = min(max(q[-1] for q in level) + 1, logp.shape[-1])
-            ranked = dict(zip(parents, logp.topk(width, dim=-1).indices.tolist()))  # parent path -> tokens by rank
+                width = min(max(q[-1] for q in level) + 1, logp.shape[-1])
+                ranked = dict(zip(parents, logp.topk(width, dim=-1).indices.tolist()))  # parent path -> tokens by rank
+            else:  # the same ranking under every parent
+                ranked = dict.fromkeys(parents, rankings[index])
             for path in level:
                 row = ranked.get(path[:-1])
                 if row is None or path[-1] >= len(row):

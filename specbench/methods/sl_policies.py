@@ -56,6 +56,11 @@ class StaticSL:
     def keep_drafting(self, position: int, draft_logits: torch.Tensor, token: int) -> bool:
         return True
 
+    @property
+    def stops_early(self) -> bool:
+        """Whether ``keep_drafting`` can stop a draft (it reads each drafted token: one host read per token)."""
+        return type(self).keep_drafting is not StaticSL.keep_drafting
+
     def observe(self, accepted: int, drafted: int) -> None:
         pass
 

@@ -29,6 +29,7 @@ import torch
 
 from ..decoding.cached_lm import CachedLM, draft_lm
 from ..decoding.proposal import Proposal, Step, StepContext
+from ..decoding.staging import read_scores_and_ids
 from ..errors import require
 from ..errors import positive_int
 from .base import ProposerMethod
@@ -63,11 +64,12 @@ class DraftTree:
             width = self.widths[depth]
             logp = torch.log_softmax(logits, dim=-1)
             top = logp.topk(width, dim=-1)
+            values, ids = read_scores_and_ids(top.values, top.indices)  # the depth's one read
             children = []  # (score, parent, token), in parent then rank order
             for row, parent in enumerate(frontier):
-                for value, token in zip(top.values[row].tolist(), top.indices[row].tolist()):
+                for value, token in zip(values[row], ids[row]):
                     if value != float("-inf"):  # an id the draft does not have (vocabulary padded for it)
-                        children.append((score[parent] + value, parent, int(token)))
+                        children.append((score[parent] + value, parent, token))
             room = self.max_nodes - len(proposal.tokens)
             if len(children) > room:  # keep the best by path probability, in their original order
                 best = sorted(range(len(children)), key=lambda i: (-children[i][0], i))[:room]

@@ -29,15 +29,27 @@ class DraftChain:
     """Proposer: the draft model's tokens d_1..d_k, one draft forward each, k decided by the SL policy.
 
     The draft's cache holds committed tokens only between steps: after verification it is cropped to the
-    committed sequence (less the last token, which the next step feeds with any others it has not read)."""
+    committed sequence (less the last token, which the next step feeds with any others it has not read).
+
+    At T = 0 under a policy that decides k before the step (static γ, dynHeur, the oracle) the chain stays on the
+    device: each argmax is fed to the next draft forward as a tensor and the verify step reads the drafts together
+    with the target's argmax, one host read per step (on a GPU, one sync). Nothing is read while drafting, so the
+    draft does not stop at an EOS: a last step may draft past one, which verification and the output's EOS cut
+    make harmless (``drafted`` counts what was fed; the policy learns from the draft as cut at its first EOS,
+    transformers' count). Sampling (T > 0) and policies that judge each token (confidence, perplexity, DISCO) read
+    every drafted token."""
 
     def __init__(self, draft: CachedLM, policy):
         self.draft, self.policy = draft, policy
         self.sl: list[int] = []  # tokens drafted per step (the SL actually used)
+        self.eos_ids: set[int] = set()
 
     def propose(self, context: StepContext) -> Proposal:
         self.policy.begin_step(context.new_tokens)
+        self.eos_ids = context.eos_ids
         limit = min(self.policy.draft_length(), context.room)
+        if limit > 0 and context.sampler.greedy and not self.policy.stops_early:
+            return self._propose_on_device(context.tokens[self.draft.length:], limit)
         tokens: list[int] = []
         probs: list[torch.Tensor] = []
         feed = context.tokens[self.draft.length:]  # committed tokens the draft has not read (the prompt first)
@@ -51,11 +63,22 @@ class DraftChain:
                 break
         return Proposal.chain(tokens, torch.stack(probs) if probs and probs[0] is not None else None)
 
+    def _propose_on_device(self, feed: list[int], limit: int) -> Proposal:
+        """``limit`` greedy drafts, each argmax fed back as a (1,) tensor: nothing read (class docstring)."""
+        tokens: list[torch.Tensor] = []
+        ids: list[int] | torch.Tensor = feed  # committed tokens the draft has not read, then each draft
+        for _ in range(limit):
+            ids = self.draft.forward(ids, keep_last=1)[-1].argmax(dim=-1, keepdim=True)  # (1,)
+            tokens.append(ids)
+        return Proposal.chain_on_device(torch.cat(tokens))  # (limit,)
+
     def observe(self, step: Step) -> None:
         self.draft.crop(min(self.draft.length, len(step.tokens) - 1))
-        # matches kept (cut at an EOS, as transformers' num_matches) of the tokens drafted
-        self.policy.observe(step.kept - 1, len(step.proposal.tokens))
-        self.sl.append(len(step.proposal.tokens))
+        drafted = step.proposal.tokens
+        until_eos = next((i + 1 for i, token in enumerate(drafted) if token in self.eos_ids), len(drafted))
+        # matches kept (cut at an EOS, as transformers' num_matches) of the tokens drafted up to an EOS
+        self.policy.observe(step.kept - 1, until_eos)
+        self.sl.append(len(drafted))
 
     def extra(self) -> dict:
         return {"sl": self.sl}

@@ -34,7 +34,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-import torch
+import numpy as np
 
 from ..decoding.proposal import Proposal, Step, StepContext
 from ..decoding.rank_tree import parse_tree
@@ -57,24 +57,24 @@ class MatrixState:
     """A copy of M's filled rows: ``ids`` (m,) the tokens, ``rows`` (m, k) their candidates. Compact (a run keeps
     one per prompt in memory), and equal to another by value."""
 
-    ids: torch.Tensor
-    rows: torch.Tensor
+    ids: np.ndarray
+    rows: np.ndarray
 
     def __eq__(self, other) -> bool:
         if not isinstance(other, MatrixState):
             return NotImplemented
-        return torch.equal(self.ids, other.ids) and torch.equal(self.rows, other.rows)
+        return np.array_equal(self.ids, other.ids) and np.array_equal(self.rows, other.rows)
 
 
 class AdjacencyMatrix:
     """M: ``rows`` (V, k) int32, row t the candidate next tokens of t, best first. A row never fed holds the
     initial value: -1 (``init="empty"``: no candidates) or 0 (``init="zeros"``, the paper's: k copies of token 0);
-    ``fed`` (V,) bool says which rows were written."""
+    ``fed`` (V,) bool says which rows were written. Host memory (numpy): reading M never waits for a device."""
 
     def __init__(self, vocab: int, k: int, init: str = "empty"):
         self.init = init  # a key of MATRIX_INITS (TokenRecycling checks method.matrix_init)
-        self.rows = torch.full((vocab, k), MATRIX_INITS[init], dtype=torch.int32)
-        self.fed = torch.zeros(vocab, dtype=torch.bool)
+        self.rows = np.full((vocab, k), MATRIX_INITS[init], dtype=np.int32)
+        self.fed = np.zeros(vocab, dtype=bool)
 
     @property
     def k(self) -> int:
@@ -88,21 +88,21 @@ class AdjacencyMatrix:
         """M[fed[i]] = topk[i] for every fed row; a token fed twice keeps its last row."""
         latest = dict(zip(fed, topk))  # later occurrences overwrite earlier ones
         if latest:
-            ids = torch.tensor(list(latest), dtype=torch.long)
-            self.rows[ids] = torch.tensor([row[:self.k] for row in latest.values()], dtype=torch.int32)
+            ids = np.array(list(latest), dtype=np.int64)
+            self.rows[ids] = np.array([row[:self.k] for row in latest.values()], dtype=np.int32)
             self.fed[ids] = True
 
     def filled(self) -> int:
         return int(self.fed.sum())
 
     def clear(self) -> None:
-        self.rows.fill_(MATRIX_INITS[self.init])
-        self.fed.fill_(False)
+        self.rows.fill(MATRIX_INITS[self.init])
+        self.fed.fill(False)
 
     def snapshot(self) -> MatrixState | None:
         """A copy of the filled rows (None: nothing filled, a new matrix)."""
-        ids = self.fed.nonzero().flatten()
-        return MatrixState(ids.clone(), self.rows[ids].clone()) if len(ids) else None
+        ids = self.fed.nonzero()[0]
+        return MatrixState(ids.copy(), self.rows[ids].copy()) if len(ids) else None
 
     def restore(self, state: MatrixState | None) -> None:
         """Make M what ``state`` was (None: as new)."""
