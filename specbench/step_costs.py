@@ -121,14 +121,17 @@ def forwards_ms_per_step(gen, target_costs: dict, draft_costs: dict | None) -> f
 
 
 def measure(methods: dict, prompt: list[int], new_tokens: int, rounds: int, device, baseline_of=None,
-            forward_costs: dict | None = None, mode_of=None) -> dict:
+            forward_costs: dict | None = None, mode_of=None, after_warm_up=None) -> dict:
     """Every method timed once per round, all interleaved in one process; cost = a step over its baseline's
     (``baseline_of[name]``, default greedy) step in the same round. With ``forward_costs`` ({mode: (target
     table, draft table)}) also the forwards' own ms per step and overhead = step / forwards (loop, sampling,
-    cache bookkeeping, a head's forwards: all that is not a model forward)."""
+    cache bookkeeping, a head's forwards: all that is not a model forward). ``after_warm_up()`` is called between
+    the warm-up and the timed rounds."""
     watch = Stopwatch(device)
     for method in methods.values():  # warm-up, a whole generation each: kernels, allocator, caches, clocks
         ms_per_step(method, prompt, new_tokens, watch)
+    if after_warm_up is not None:
+        after_warm_up()
     times: dict[str, list[float]] = {name: [] for name in methods}
     gens: dict[str, object] = {}
     for _ in range(rounds):
@@ -200,8 +203,11 @@ def main(argv=None) -> None:
             if pair.execution.static:  # every cache sized and every graph captured before anything is timed
                 pair.reserve(args.prompt_tokens + args.new_tokens + 16)
         forward_costs = {mode: forward_tables(pair, prompt) for mode, pair in pairs.items()}
+        captured = {}  # graphs captured by the end of the warm-up, then by the end of the timed rounds
+        count = lambda: sum(p.captures[0] for p in pairs.values())  # noqa: E731
         rows = measure(methods, prompt, args.new_tokens, args.rounds, eager.device, baseline_of, forward_costs,
-                       mode_of.get)
+                       mode_of.get, after_warm_up=lambda: captured.update(warm=count()))
+        captured["timed"] = count() - captured["warm"]
     for mode, (target_costs, draft_costs) in forward_costs.items():
         print(f"forward ms, {mode}: target " + " ".join(f"{k}:{target_costs[k]:.2f}" for k in FORWARD_SIZES)
               + ("; draft " + " ".join(f"{k}:{draft_costs[k]:.2f}" for k in FORWARD_SIZES) if draft_costs else ""))
@@ -216,6 +222,7 @@ def main(argv=None) -> None:
             "device": device_name(eager.device), "dtype": precision.dtype, "torch": torch.__version__,
             "args": vars(args), "executions": {mode: p.execution.as_record() for mode, p in pairs.items()},
             "captures": {mode: {"graphs": p.captures[0], "seconds": p.captures[1]} for mode, p in pairs.items()},
+            "captured_while_timed": captured["timed"],
             "forward_ms": {mode: {"target": t, "draft": d} for mode, (t, d) in forward_costs.items()},
             "rows": rows}, indent=1))
 
