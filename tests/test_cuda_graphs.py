@@ -9,7 +9,7 @@ import torch
 from specbench.methods.greedy import Greedy
 
 from .conftest import TEST_DEVICE, run_cli
-from .test_static_execution import methods
+from .test_static_execution import expected_captures, methods
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(
     TEST_DEVICE != "cuda" or not torch.cuda.is_available(),
@@ -31,7 +31,31 @@ def graphs_pair(arch: str = "llama", execution: str = "graphs", dtype: str = "fl
 def heads(tmp_path_factory):
     from .test_feature_heads import random_head
 
-    return {kind: random_head(graphs_pair(), kind, tmp_path_factory.mktemp(kind)) for kind in ("eagle", "griffin")}
+    return {kind: random_head(graphs_pair(), kind, tmp_path_factory.mktemp(kind))
+            for kind in ("eagle", "griffin", "eagle3")}
+
+
+@pytest.fixture(autouse=True)
+def no_tf32():
+    """fp32 exactness means fp32 GEMMs: TF32 off for every test here (bf16 is judged by the near-tie rule)."""
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    yield
+    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+
+
+def test_a_model_on_another_gpu_is_captured_and_replayed_there():
+    """Graphs, streams and the pool on the model's device, not the current one."""
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs two GPUs")
+    from specbench.models.tiny import build_tiny_pair
+
+    pair = build_tiny_pair(name="tiny-llama", device="cuda:1", execution="graphs", dtype="float32")
+    eager = build_tiny_pair(name="tiny-llama", device="cuda:1", execution="eager", dtype="float32")
+    with torch.cuda.device(0):
+        assert Greedy(pair, "greedy").generate([5, 6, 7], 20, set()).tokens == \
+            Greedy(eager, "greedy").generate([5, 6, 7], 20, set()).tokens
+    assert pair.captures[0] > 0
 
 
 def test_auto_is_graphs_and_sdpa_on_cuda():
@@ -58,7 +82,7 @@ def test_graphs_are_captured_once_per_bucket_and_replayed_after(heads):
     for method in made.values():    # which need graphs of their own)
         method.generate([5, 6, 7], 24, set())
     captured = pair.captures[0]
-    assert captured == len(pair.statics) * len(pair.execution.buckets)
+    assert captured == expected_captures(pair)
     for method in made.values():
         method.reset(0)
         method.generate([8, 9, 10], 24, set())

@@ -241,18 +241,26 @@ def test_heads_for_another_target_or_kind_and_published_ids_are_refused(tmp_path
         FeatureHeadMethod(tiny_pair(), "eagle4", kind="eagle4", head=str(tmp_path / "e3"))
 
 
-def test_static_execution_is_refused_before_the_pair_is_read(tmp_path):
-    from specbench.models.execution import Execution
+def test_a_static_target_taps_the_same_layers_inside_its_forward_and_eagle3_equals_greedy(tmp_path):
+    """Static/graphs execution: the layer taps are part of the static forward (captured with it in graphs), in a
+    static cache of their own; the features equal the eager FeatureLM's and EAGLE-3 decodes exactly greedy."""
+    from specbench.models.execution import resolve_execution
 
-    class Unloaded:
-        name, backend, execution = "unloaded", "transformers", Execution(mode="static")
-
-        def __getattr__(self, attr):
-            raise AssertionError(f"the pair's {attr} was read")
-
-    random_head(tiny_pair(), tmp_path)
-    with pytest.raises(ConfigError, match=r"^model\.execution: method=eagle3 reads three of the target's layers"):
-        FeatureHeadMethod(Unloaded(), "eagle3", kind="eagle3", head=str(tmp_path))
+    eager = tiny_pair(4)
+    static = eager.with_execution(resolve_execution("static", TEST_DEVICE))
+    ids = [5, 6, 7, 8, 9]
+    reference, tapped = FeatureLM(eager.target, layers=[2, 1, 3]), static.lm("target", True, layers=[2, 1, 3])
+    logits = []
+    for lm in (reference, tapped):
+        lm.forward(ids[:3])
+        logits.append(lm.forward(ids[3:]))
+    assert torch.allclose(tapped.features_at(range(2)), reference.features_at(range(2)), atol=1e-4)
+    assert torch.allclose(logits[1], logits[0], atol=1e-4)  # the logits from the last hidden state, not the taps
+    assert set(static.statics) == {"target:taps(2, 1, 3)"}  # greedy's static target stays without taps
+    random_head(eager, tmp_path)
+    reference_tokens = Greedy(static, "greedy").generate(ids, 20, set()).tokens
+    method = FeatureHeadMethod(static, "eagle3", kind="eagle3", head=str(tmp_path), top_k=3, depth=3, max_nodes=8)
+    assert method.generate(ids, 20, set()).tokens == reference_tokens
 
 
 def published_eagle3_state(pair, draft_ids, seed=5):

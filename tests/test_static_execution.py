@@ -41,7 +41,7 @@ def pair_for(arch: str = "llama", noise: float = 0.05, execution: str = "static"
 def rerun_capture(calls: list):
     """A stand-in for cuda_capture on the CPU: 'captures' by running once and replays by re-running, so every
     replay reads the static inputs as a graph would; ``calls`` counts captures."""
-    def capture(fn):
+    def capture(fn, device=None):
         fn()
         calls.append(fn)
         return fn
@@ -167,6 +167,30 @@ def test_attention_reads_the_shortest_key_span_holding_the_context():
         assert torch.allclose(lm.forward(block), ref.forward(block), atol=1e-5)
         spans.append(static.kv.span)
     assert spans == [64, 128, 128, 512, 512]  # 3 positions; 120; 122 (+ the bucket of 2); 261; 262
+
+
+def test_a_failed_capture_names_the_forward_and_leaves_no_half_captured_buckets():
+    """A capture that fails (not out of memory) leaves no bucket half made: the error says which forward and what
+    runs instead, and a later forward captures every bucket again rather than running some uncaptured."""
+    calls: list = []
+    working = rerun_capture(calls)
+
+    def failing_third(fn, device=None):
+        if len(calls) == 2:
+            raise RuntimeError("operation not permitted when stream is capturing")
+        return working(fn, device)
+
+    pair = pair_for()
+    static = StaticModel(pair.target, (1, 2, 4), 64, failing_third, label="test")
+    with pytest.raises(RuntimeError, match=r"capturing test's forward of \d+ rows over \d+ positions as a CUDA graph "
+                                           r"failed \(RuntimeError: operation not permitted.*model.execution=static"):
+        StaticLM(static).forward([5, 6, 7])
+    assert static.blocks == {}
+    static.capture = working
+    logits = StaticLM(static).forward([5, 6, 7])
+    assert all(block.replay is not None for block in static.blocks.values())
+    assert static.spans == (64,) and len(static.blocks) == 3 and static.captures == 2 + 3  # 2 before the failure
+    assert torch.allclose(logits, pair_for(execution="eager").lm().forward([5, 6, 7]), atol=1e-5)
 
 
 def test_a_graphed_call_replays_on_the_newest_arguments():
@@ -299,7 +323,7 @@ def methods(pair, gamma: int, heads: dict):
 
 @pytest.fixture(scope="module")
 def heads(tmp_path_factory):
-    return {kind: head_dir(tmp_path_factory, kind) for kind in ("eagle", "griffin")}
+    return {kind: head_dir(tmp_path_factory, kind) for kind in ("eagle", "griffin", "eagle3")}
 
 
 cases = st.fixed_dictionaries({
@@ -345,10 +369,13 @@ def test_graphs_bookkeeping_with_a_stand_in_capture(heads, monkeypatch):
         for _ in range(2):
             method.reset(0)
             assert method.generate([5, 6, 7], 24, set()).tokens == reference
-    assert len(pair.statics) == 4  # target, draft, and the two heads
-    # each (bucket, key span) pair captured once, none during the generations
-    pairs = sum(span >= size for static in pair.statics.values() for size in static.buckets for span in static.spans)
-    assert pair.captures[0] == len(calls) == pairs
+    assert len(pair.statics) == 6  # target, draft, the target with EAGLE-3's taps, and the three heads
+    assert pair.captures[0] == len(calls) == expected_captures(pair)  # none during the generations
+
+
+def expected_captures(pair) -> int:
+    """Each static forward's graphs: one per (bucket, key span) pair whose span holds the bucket."""
+    return sum(span >= size for static in pair.statics.values() for size in static.buckets for span in static.spans)
 
 
 # -- T > 0: distribution-preserving in static mode too ---------------------------------------------------------------

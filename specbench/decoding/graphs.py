@@ -11,21 +11,25 @@ from typing import Callable
 import torch
 
 
-def cuda_capture(fn: Callable[[], torch.Tensor]) -> Callable[[], torch.Tensor]:
-    """Capture ``fn`` (reads and writes static buffers only) as a CUDA graph; returns its replay, which gives the
-    graph's static output. Two warm-up runs on a side stream first (lazy kernels, cuBLAS workspaces)."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, pool=_pool()):
-        out = fn()
+def cuda_capture(fn: Callable[[], torch.Tensor], device: torch.device | None = None) -> Callable[[], torch.Tensor]:
+    """Capture ``fn`` (reads and writes static buffers only) as a CUDA graph on ``device`` (the model's: its
+    streams, pool and graph there, whatever the current device is); returns its replay, which gives the graph's
+    static output. Two warm-up runs on a side stream first (lazy kernels, cuBLAS workspaces)."""
+    device = torch.device(device if device is not None else "cuda")
+    with torch.cuda.device(device):
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(2):
+                fn()
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=_pool(device)):
+            out = fn()
 
     def replay() -> torch.Tensor:
-        graph.replay()
+        with torch.cuda.device(device):
+            graph.replay()
         return out
 
     return replay
@@ -48,19 +52,19 @@ class GraphedCall:
         if self.inputs is None or any(a.shape != b.shape for a, b in zip(args, self.inputs)):
             self.inputs = [a.clone() for a in args]
             inputs = self.inputs
-            self.replay = self.capture(lambda: self.fn(*inputs))
+            self.replay = self.capture(lambda: self.fn(*inputs), inputs[0].device)
         for buffer, value in zip(self.inputs, args):
             buffer.copy_(value)
         return self.replay()
 
 
-_POOL = None
+_POOLS: dict = {}
 
 
-def _pool():
-    """One memory pool for every graph of this process: they replay one at a time, and each output is read
-    before the next replay."""
-    global _POOL
-    if _POOL is None:
-        _POOL = torch.cuda.graph_pool_handle()
-    return _POOL
+def _pool(device: torch.device):
+    """One memory pool per device for every graph of this process there: they replay one at a time, and each
+    output is read before the next replay."""
+    if device not in _POOLS:
+        with torch.cuda.device(device):
+            _POOLS[device] = torch.cuda.graph_pool_handle()
+    return _POOLS[device]

@@ -32,7 +32,7 @@ import torch
 from ..errors import ConfigError
 from ..models.cache_api import cache_argument
 from ..timing import ForwardClock
-from .cached_lm import fit_vocabulary
+from .cached_lm import fit_vocabulary, layer_inputs
 from .graphs import cuda_capture  # noqa: F401  (looked up here by ModelPair.static_for: tests stand it in)
 from .static_cache import StaticKV
 from .staging import host_buffer, rows_at, to_device
@@ -161,16 +161,21 @@ class BucketedForward:
         if not self.blocks:
             started = time.perf_counter()
             # largest first: smaller graphs reuse its pool memory
-            for size in sorted(self.buckets, reverse=True):
-                for span in sorted(self.spans, reverse=True):
-                    if span < size:
-                        continue
-                    block = self.blocks[size, span] = Block(self, size, span)
-                    if self.capture is not None:
-                        self._scratch(block)
-                        block.replay = self._captured(block)
-                        self.captures += 1
-            self.capture_s += time.perf_counter() - started
+            try:
+                for size in sorted(self.buckets, reverse=True):
+                    for span in sorted(self.spans, reverse=True):
+                        if span < size:
+                            continue
+                        block = self.blocks[size, span] = Block(self, size, span)
+                        if self.capture is not None:
+                            self._scratch(block)
+                            block.replay = self._captured(block)
+                            self.captures += 1
+            except Exception:
+                self.blocks = {}  # none half-made: a later forward captures them all again, or fails the same way
+                raise
+            finally:
+                self.capture_s += time.perf_counter() - started
 
     def span_for(self, end: int) -> int:
         """The shortest key span holding positions 0..end-1."""
@@ -185,11 +190,15 @@ class BucketedForward:
 
     def _captured(self, block: Block):
         try:
-            return self.capture(lambda: self.compute(block))
+            return self.capture(lambda: self.compute(block), self.device)
         except torch.cuda.OutOfMemoryError as exc:
             raise RuntimeError(f"out of GPU memory capturing {self.label}'s graphs (static cache of "
                                f"{self.capacity} positions, buckets {list(self.buckets)}): lower "
                                "model.cache_length or model.buckets") from exc
+        except Exception as exc:  # the capture ended (torch.cuda.graph's exit); say which forward could not be
+            raise RuntimeError(f"capturing {self.label}'s forward of {block.size} rows over {block.span} positions "
+                               f"as a CUDA graph failed ({type(exc).__name__}: {exc}); model.execution=static runs "
+                               "the same static forwards without graphs") from exc
 
     @torch.inference_mode()
     def stage(self, ids: Sequence[int] | torch.Tensor, positions: Sequence[int], start: int, prefix: int,
@@ -226,12 +235,16 @@ class BucketedForward:
 
 class StaticModel(BucketedForward):
     """One transformers model's static cache and bucketed forwards (module docstring). ``capture``: fn -> replay
-    callable (graphs: ``cuda_capture``; None: every forward runs directly, the ``static`` mode)."""
+    callable (graphs: ``cuda_capture``; None: every forward runs directly, the ``static`` mode). ``layers``
+    (EAGLE-3's feature taps): the forward also returns the inputs of these decoder layers, concatenated after the
+    last hidden state, (1, B, H + len(layers)·H), read by hooks inside the same (captured) forward."""
 
     def __init__(self, model: torch.nn.Module, buckets: Sequence[int], capacity: int,
-                 capture: Callable | None = None, label: str = "model"):
+                 capture: Callable | None = None, label: str = "model", layers: Sequence[int] = ()):
         super().__init__(model.get_input_embeddings().weight.device, buckets, capacity, capture, label)
         self.model = model
+        self.layers = tuple(layers)
+        self.hidden_size = model.config.get_text_config().hidden_size
         self.base = model.base_model
         self.head = output_head(model)
         self.cache_arg = cache_argument(self.base)
@@ -257,9 +270,10 @@ class StaticModel(BucketedForward):
         self.kv.write_index = block.start + block.rows
         self.kv.span = block.span
         mask = torch.where(block.visible, self.visible_value, self.hidden_value)[None, None]  # (1, 1, B, S)
-        out = self.base(input_ids=block.ids, position_ids=block.positions, attention_mask=mask,
-                        use_cache=True, **{self.cache_arg: self.kv})
-        return out.last_hidden_state
+        with layer_inputs(self.model, self.layers) as taps:
+            out = self.base(input_ids=block.ids, position_ids=block.positions, attention_mask=mask,
+                            use_cache=True, **{self.cache_arg: self.kv})
+        return torch.cat([out.last_hidden_state, *taps], dim=-1) if self.layers else out.last_hidden_state
 
     @torch.inference_mode()
     def forward(self, ids: Sequence[int] | torch.Tensor, positions: Sequence[int], start: int, prefix: int,
@@ -321,13 +335,15 @@ class StaticLM:
             local = torch.ones(n, n, dtype=torch.bool).tril()
         else:
             prefix, positions, local = tree_layout(parents, past, cached_parents)
-        hidden = self.static.forward(ids, positions, past, prefix, local)  # (n, H)
+        hidden = self.static.forward(ids, positions, past, prefix, local)  # (n, H), or (n, H + taps): EAGLE-3's
         self.length = past + n
         self.contexts.append(past)
         self.sizes.append(n)
         self.rows.append(min(keep_last or n, n))
-        if self.keeps_features:
-            self.hidden = hidden
+        width = self.static.hidden_size
+        if self.keeps_features:  # the last hidden state, or EAGLE-3's layer inputs after it
+            self.hidden = hidden[:, width:] if self.static.layers else hidden
+        hidden = hidden[:, :width]
         rows = hidden if keep_last is None else hidden[n - keep_last:]
         logits = fit_vocabulary(self.static.head(rows).float(), self.vocab)
         self.clock.stop()

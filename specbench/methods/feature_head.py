@@ -10,11 +10,10 @@ models/head_names.py), a directory, or a published EAGLE-format head's Hugging F
 target (hidden size or vocabulary) is refused when the pair loads, a missing one before.
 
 EAGLE-3 (kind eagle3) reads the inputs of three of the target's decoder layers instead of its last hidden state
-(FeatureLM's ``layers``); eager execution only for now (the static target does not keep them).
+(FeatureLM's ``layers``; in static and graphs execution taps inside the static forward: static_lm.StaticModel).
 """
 from __future__ import annotations
 
-from ..decoding.cached_lm import FeatureLM
 from ..decoding.dynamic_tree import HeadTree
 from ..decoding.head_runner import EagerHeadRunner, HeadCostProbe, StaticHead, StaticHeadRunner
 from ..decoding.loop import speculative_generate
@@ -52,9 +51,6 @@ class FeatureHeadMethod(ProposerMethod):
                            f"`python -m specbench.training.heads head=<name>` trained (make heads: {kind}), a "
                            "directory, or a published head's Hugging Face id")
         self.head_source, self.local_files_only = head, local_files_only
-        require(kind != "eagle3" or not pair.execution.static, "model.execution",
-                "method=eagle3 reads three of the target's layers, which the static target does not keep yet: "
-                "use model.execution=eager")
         self.check_blocks()  # here: a ConfigOnlyPair stops the early build at the next line
         target = pair.target  # a ConfigOnlyPair stops the early build here: the rest needs the loaded pair
         self.artifact = load_head(head, kind, local_files_only)
@@ -94,6 +90,6 @@ class FeatureHeadMethod(ProposerMethod):
 
     def generate(self, prompt_ids, max_new_tokens, eos_ids, timeline=NoTimeline()):
         layers = self.artifact.config.feature_layers
-        target = FeatureLM(self.pair.target, layers=layers) if layers else self.pair.lm("target", features=True)
+        target = self.pair.lm("target", features=True, layers=layers or ())  # EAGLE-3: its layer taps
         return speculative_generate(target, self.make_proposer(prompt_ids), prompt_ids, max_new_tokens, eos_ids,
                                     self.sampler, timeline)

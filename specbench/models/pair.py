@@ -35,10 +35,11 @@ class ModelPair:
     def __post_init__(self) -> None:
         check_vocabularies(self)
 
-    def lm(self, role: str = "target", features: bool = False):
+    def lm(self, role: str = "target", features: bool = False, layers: Sequence[int] = ()):
         """A CachedLM of the ``target`` or the ``draft`` for one generation, in the pair's execution mode; its
         logits laid out in the target's vocabulary (a draft's are cut or padded: check_vocabularies).
-        features: it also keeps the target's last hidden states (FeatureLM: what feature-level heads read).
+        features: it also keeps the target's last hidden states (FeatureLM: what feature-level heads read), or with
+        ``layers`` the inputs of those decoder layers (EAGLE-3's taps; static modes: a static cache of their own).
         Another ``role`` name (``check``: the losslessness check) gets the target with a static cache of its own."""
         from ..decoding.cached_lm import CachedLM, FeatureLM
 
@@ -53,16 +54,19 @@ class ModelPair:
                 raise ConfigError(f"pair '{self.name}' runs on llama.cpp, whose contexts here return logits only: "
                                   "feature-level draft heads need model.backend=transformers")
             return LlamaCppLM(model.context(role), vocab)  # a context (and KV cache) per role: check has its own
+        if layers and not features:
+            raise ValueError("layers are feature taps: ask for features=True")
         if not self.execution.static:
-            return (FeatureLM if features else CachedLM)(model, vocab)
+            return FeatureLM(model, vocab, layers) if features else CachedLM(model, vocab)
         from ..decoding.static_lm import StaticLM
 
         if features:
             FeatureLM.check_model(model)
-        return StaticLM(self.static_model(role), vocab, features)
+        return StaticLM(self.static_model(role, layers), vocab, features)
 
-    def static_model(self, role: str):
-        """The StaticModel of ``role`` (built, and in graphs mode captured, at its first use)."""
+    def static_model(self, role: str, layers: Sequence[int] = ()):
+        """The StaticModel of ``role`` (built, and in graphs mode captured, at its first use); with ``layers``, one of
+        its own that also taps those decoder layers' inputs (EAGLE-3)."""
         from ..decoding.static_lm import StaticModel
 
         model = self.draft if role == "draft" else self.target
@@ -73,9 +77,9 @@ class ModelPair:
                 raise ConfigError(f"model.execution: graphs captures each model on one CUDA device, and pair "
                                   f"'{self.name}' places its {role} on {devices}; set model.device_map to one device "
                                   "(e.g. cuda:0) or use model.execution=static")
-            return StaticModel(model, label=f"{self.name} {role}", **settings)
+            return StaticModel(model, label=f"{self.name} {role}", layers=layers, **settings)
 
-        return self.static_for(role, build)
+        return self.static_for(f"{role}:taps{tuple(layers)}" if layers else role, build)
 
     def static_for(self, key: str, build):
         """The static forward registered under ``key``, built at first use by ``build(buckets=, capacity=,
