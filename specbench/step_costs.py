@@ -108,15 +108,18 @@ def ms_per_step(method, prompt: list[int], new_tokens: int, watch: Stopwatch) ->
     return step_of(method, prompt, new_tokens, watch)[0]
 
 
-def forwards_ms_per_step(gen, target_costs: dict, draft_costs: dict | None) -> float:
-    """What the forwards of the timed steps cost by the forward-cost table: the target's after its first (the
-    prefill) and the draft's after its first (which reads the prompt before the first step), per step."""
+def forwards_ms_per_step(gen, target_costs: dict, draft_costs: dict | None, head_costs: dict | None = None) -> float:
+    """What the forwards of the timed steps cost by the forward-cost tables: the target's after its first (the
+    prefill), the draft's after its first (which reads the prompt before the first step) and every draft-head
+    forward (none runs before the first step), per step."""
     from .costs import interpolate
 
     sizes = gen.forward_sizes
     total = sum(interpolate(target_costs, k) for k in sizes.get("target", [])[1:])
     if draft_costs:
         total += sum(interpolate(draft_costs, k) for k in sizes.get("draft", [])[1:])
+    if head_costs:
+        total += sum(interpolate(head_costs, k) for k in sizes.get("head", []))
     return total / max(gen.target_forwards - 1, 1)
 
 
@@ -125,7 +128,8 @@ def measure(methods: dict, prompt: list[int], new_tokens: int, rounds: int, devi
     """Every method timed once per round, all interleaved in one process; cost = a step over its baseline's
     (``baseline_of[name]``, default greedy) step in the same round. With ``forward_costs`` ({mode: (target
     table, draft table)}) also the forwards' own ms per step and overhead = step / forwards (loop, sampling,
-    cache bookkeeping, a head's forwards: all that is not a model forward). ``after_warm_up()`` is called between
+    cache bookkeeping: all that is not a model or head forward; ``forward_costs`` values may hold a third table, the
+    draft head's forwards, for the methods that run one). ``after_warm_up()`` is called between
     the warm-up and the timed rounds."""
     watch = Stopwatch(device)
     for method in methods.values():  # warm-up, a whole generation each: kernels, allocator, caches, clocks
@@ -145,8 +149,8 @@ def measure(methods: dict, prompt: list[int], new_tokens: int, rounds: int, devi
         rows[name] = {"ms_per_step": statistics.median(values), "cost": statistics.fmean(ratios),
                       "cost_ci": bootstrap_mean_ci([[r] for r in ratios]), "ms": values}
         if forward_costs:
-            target_costs, draft_costs = forward_costs[mode_of(name) if mode_of else next(iter(forward_costs))]
-            forwards = forwards_ms_per_step(gens[name], target_costs, draft_costs)
+            tables = forward_costs[mode_of(name) if mode_of else next(iter(forward_costs))]
+            forwards = forwards_ms_per_step(gens[name], *tables)
             rows[name].update(forwards_ms_per_step=forwards, overhead=rows[name]["ms_per_step"] / forwards)
     return rows
 
@@ -202,15 +206,16 @@ def main(argv=None) -> None:
         for pair in pairs.values():
             if pair.execution.static:  # every cache sized and every graph captured before anything is timed
                 pair.reserve(args.prompt_tokens + args.new_tokens + 16)
-        forward_costs = {mode: forward_tables(pair, prompt) for mode, pair in pairs.items()}
+        forward_costs = {mode: forward_tables(pair, prompt, [m for name, m in methods.items() if mode_of[name] == mode])
+                         for mode, pair in pairs.items()}
         captured = {}  # graphs captured by the end of the warm-up, then by the end of the timed rounds
         count = lambda: sum(p.captures[0] for p in pairs.values())  # noqa: E731
         rows = measure(methods, prompt, args.new_tokens, args.rounds, eager.device, baseline_of, forward_costs,
                        mode_of.get, after_warm_up=lambda: captured.update(warm=count()))
         captured["timed"] = count() - captured["warm"]
-    for mode, (target_costs, draft_costs) in forward_costs.items():
-        print(f"forward ms, {mode}: target " + " ".join(f"{k}:{target_costs[k]:.2f}" for k in FORWARD_SIZES)
-              + ("; draft " + " ".join(f"{k}:{draft_costs[k]:.2f}" for k in FORWARD_SIZES) if draft_costs else ""))
+    for mode, tables in forward_costs.items():
+        print(f"forward ms, {mode}: " + "; ".join(f"{role} " + " ".join(f"{k}:{table[k]:.2f}" for k in FORWARD_SIZES)
+                                                  for role, table in zip(("target", "draft", "head"), tables) if table))
     print(f"{'method':<54} {'ms/step':>8} {'cost (greedy steps)':>22} {'forwards':>9} {'overhead':>9}")
     for name, row in rows.items():
         ci = row["cost_ci"]
@@ -223,17 +228,21 @@ def main(argv=None) -> None:
             "args": vars(args), "executions": {mode: p.execution.as_record() for mode, p in pairs.items()},
             "captures": {mode: {"graphs": p.captures[0], "seconds": p.captures[1]} for mode, p in pairs.items()},
             "captured_while_timed": captured["timed"],
-            "forward_ms": {mode: {"target": t, "draft": d} for mode, (t, d) in forward_costs.items()},
+            "forward_ms": {mode: dict(zip(("target", "draft", "head"), tables))
+                           for mode, tables in forward_costs.items()},
             "rows": rows}, indent=1))
 
 
-def forward_tables(pair, prompt: list[int]) -> tuple[dict, dict | None]:
-    """ms per target (and draft) forward of k tokens after ``prompt``, in the pair's execution mode."""
+def forward_tables(pair, prompt: list[int], methods=()) -> tuple[dict, dict | None, dict | None]:
+    """ms per target, draft and (the first of ``methods`` that runs one) draft-head forward of k tokens after
+    ``prompt``, in the pair's execution mode (None: no draft model, no head)."""
     from .costs import measure_costs
 
     target = measure_costs(pair.lm("target"), prompt, sizes=FORWARD_SIZES)
     draft = measure_costs(pair.lm("draft"), prompt, sizes=FORWARD_SIZES) if pair.draft is not pair.target else None
-    return target, draft
+    probe = next((m.head_cost_probe() for m in methods if hasattr(m, "head_cost_probe")), None)
+    head = measure_costs(probe, prompt, sizes=FORWARD_SIZES) if probe is not None else None
+    return target, draft, head
 
 
 if __name__ == "__main__":
