@@ -17,6 +17,7 @@ class Sampler:
         self.temperature = float(temperature)
         self.top_p = float(top_p)
         self.generator = torch.Generator(device="cpu")
+        self.device_generators: dict[torch.device, torch.Generator] = {}  # sampling where the probabilities are
         self.reset(seed)
 
     @property
@@ -26,6 +27,8 @@ class Sampler:
     def reset(self, seed: int) -> None:
         self.seed = int(seed)
         self.generator.manual_seed(self.seed)
+        for generator in self.device_generators.values():
+            generator.manual_seed(self.seed)
 
     def probs(self, logits: torch.Tensor) -> torch.Tensor:
         """(n, V) logits -> (n, V) float32 probabilities after temperature and top-p (nucleus)."""
@@ -39,8 +42,18 @@ class Sampler:
         return nucleus / nucleus.sum(dim=-1, keepdim=True)
 
     def sample(self, probs: torch.Tensor) -> int:
-        """One token from a (V,) distribution, with this sampler's generator."""
-        return int(torch.multinomial(probs.detach().float().cpu(), 1, generator=self.generator))
+        """One token from a (V,) distribution, drawn where it is (a GPU's probabilities are not copied to the host:
+        only the token is read), with this sampler's generator for that device (seeded alike)."""
+        probs = probs.detach().float()
+        return int(torch.multinomial(probs, 1, generator=self._generator(probs.device)))
+
+    def _generator(self, device: torch.device) -> torch.Generator:
+        if device.type == "cpu":
+            return self.generator
+        if device not in self.device_generators:
+            self.device_generators[device] = torch.Generator(device=device)
+            self.device_generators[device].manual_seed(self.seed)
+        return self.device_generators[device]
 
     def uniform(self) -> float:
         return float(torch.rand((), generator=self.generator))
