@@ -28,6 +28,7 @@ import torch
 
 from ..decoding.cached_lm import CachedLM
 from ..decoding.proposal import Proposal, Step, StepContext
+from ..decoding.staging import read_scores_and_ids
 from .swift_search import SkipSet, SkipSetOptimiser
 
 GREEDY_WIDTHS = (3, 5, 8, 10)    # k for p > 0.95, > 0.8, > 0.5, else (SWIFT's get_choices_list, T = 0)
@@ -116,11 +117,13 @@ class SwiftProposer:
         """The siblings drafted at one depth (the chain's token first), their q rows (None at T = 0), and the chain
         token's probability under the draft (its plain softmax, as SWIFT reads it)."""
         sampler = context.sampler
-        if sampler.greedy:
-            token = int(logits.argmax())
-            confidence = float(torch.softmax(logits.float(), dim=-1)[token])
+        if sampler.greedy:  # the widest level's candidates and their probabilities: one read per depth
+            most = min(max(GREEDY_WIDTHS) if self.tree else 1, logits.shape[-1])
+            top = torch.softmax(logits.float(), dim=-1).topk(most)
+            values, ids = read_scores_and_ids(top.values[None], top.indices[None])
+            confidence = values[0][0]  # the chain token's probability
             width = tree_width(confidence, True) if self.tree else 1
-            return logits.topk(width).indices.tolist(), None, confidence
+            return ids[0][:width], None, confidence
         q = sampler.probs(logits[None])[0]
         token = sampler.sample(q)
         siblings, rows = [token], [q]
