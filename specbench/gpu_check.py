@@ -13,11 +13,13 @@ runs; nothing is lost if a later one is killed, results.json is rewritten after 
    the loop identical to greedy in eager and graphs, on the tiny pairs).
 3. ``logits``: the target in fp32 with TF32 off, graphs against eager, through the CachedLM interface: a 128-token
    prefill, a 5-token chain, a 61-node tree after a crop, its accepted path kept and one more token.
-4. ``step_costs``: ``specbench.step_costs`` at those shapes in bf16, eager and graphs side by side: forward costs
+4. ``host_reads``: host reads per step of greedy, speculative and the EAGLE-2 trees by our counter, and on CUDA
+   the synchronizing operations torch itself reports (``set_sync_debug_mode``), side by side.
+5. ``step_costs``: ``specbench.step_costs`` at those shapes in bf16, eager and graphs side by side: forward costs
    per mode, ms per step and loop overhead per method (step / the sum of its forwards' replay times), captures
    while timed.
-5. ``bandwidth``: the device's copy bandwidth, and the greedy step's floor (the target's bytes read once).
-6. ``compiled_generate``: transformers' ``generate`` with a static cache (compiled on CUDA), ms per token, beside
+6. ``bandwidth``: the device's copy bandwidth, and the greedy step's floor (the target's bytes read once).
+7. ``compiled_generate``: transformers' ``generate`` with a static cache (compiled on CUDA), ms per token, beside
    our graphs greedy.
 
 The targets (issue 53) are judged in ``targets``. ``--dry-run`` runs every phase's code on a CPU with tiny shapes
@@ -32,6 +34,7 @@ import os
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 import torch
@@ -126,6 +129,35 @@ def logits_parity(target: Path, draft: Path, device: str, static_mode: str) -> d
     del eager_pair, static_pair, eager, static
     return {"stages": rows, "ok": all(r["argmax_equal"] and r["max_abs_diff"] <= 1e-3 * max(r["max_abs_logit"], 1)
                                       for r in rows.values())}
+
+
+def host_reads(target: Path, draft: Path, device: str, static_mode: str, work: Path) -> dict:
+    """Per method of step_costs (greedy, speculative, the EAGLE-2 trees; random weights, so one token per step):
+    host reads per step by our counter (decoding/host_reads.py) and, on CUDA, the synchronizing operations torch
+    reports, counted over one generation after a warm one."""
+    from argparse import Namespace
+
+    from .decoding.host_reads import count_host_reads, cuda_syncs
+    from .step_costs import methods_for, random_head_dir
+
+    pair = load_pair(target, draft, device, "auto", static_mode)
+    prompt = torch.randint(0, pair.vocab_size, (128,), generator=torch.Generator().manual_seed(5)).tolist()
+    pair.reserve(len(prompt) + 64)
+    head = random_head_dir(pair.target.config, "eagle", 0, work / "reads-head")
+    rows = {}
+    for name, method in methods_for(pair, Namespace(gamma=4, kind="eagle"), head).items():
+        method.generate(prompt, 32, set())  # warm: kernels, captures
+        with count_host_reads() as reads, cuda_syncs(device) as syncs:
+            generation = method.generate(prompt, 32, set())
+        steps = len(generation.accept_lengths)
+        where = Counter()
+        for (_, place), count in reads.items():
+            where[place] += count
+        rows[name] = {"steps": steps, "reads_per_step": sum(reads.values()) / steps,
+                      "cuda_syncs_per_step": len(syncs) / steps if device.startswith("cuda") else None,
+                      "where": dict(where.most_common(4))}
+    del pair
+    return rows
 
 
 def copy_bandwidth(device: str, megabytes: int = 1024) -> float:
@@ -290,6 +322,7 @@ def main(argv=None) -> None:
 
     phases = [("checkpoints", checkpoints), ("cuda_tests", lambda: cuda_tests(args.dry_run)),
               ("logits", lambda: logits_parity(target, draft, device, static_mode)),
+              ("host_reads", lambda: host_reads(target, draft, device, static_mode, work)),
               ("step_costs", lambda: step_costs(target, draft, device, out, args.dry_run)),
               ("bandwidth", bandwidth),
               ("compiled_generate", lambda: compiled_generate(target, device, 16 if args.dry_run else 128,

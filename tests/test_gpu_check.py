@@ -23,8 +23,11 @@ def test_the_dry_run_runs_every_phase_on_the_tiny_shapes_and_writes_a_report(tmp
     assert done.returncode == 0, done.stderr[-3000:]
     results = json.loads((out / "results.json").read_text())
     statuses = {phase: row["status"] for phase, row in results["phases"].items()}
-    assert statuses == {"checkpoints": "ok", "cuda_tests": "skipped", "logits": "ok", "step_costs": "ok",
-                        "bandwidth": "ok", "compiled_generate": "ok"}
+    assert statuses == {"checkpoints": "ok", "cuda_tests": "skipped", "logits": "ok", "host_reads": "ok",
+                        "step_costs": "ok", "bandwidth": "ok", "compiled_generate": "ok"}
+    reads = results["host_reads"]
+    assert reads["greedy"]["reads_per_step"] == 1.0 and reads["speculative γ=4"]["reads_per_step"] == 1.0
+    assert all(row["cuda_syncs_per_step"] is None for row in reads.values())  # no CUDA: no device count
     assert results["checkpoints"]["execution"] == "static"  # loaded by the hub route, in the static mode
     assert results["logits"]["ok"] and len(results["logits"]["stages"]) == 4
     assert results["logits"]["stages"]["tree (61 nodes) after a crop"]["rows"] == 61

@@ -9,6 +9,7 @@ tensor built from Python ids) are not counted: the decoding code avoids them by 
 from __future__ import annotations
 
 import sys
+import warnings
 from collections import Counter
 from contextlib import contextmanager
 
@@ -40,3 +41,22 @@ def count_host_reads():
     finally:
         for name, original in originals.items():
             setattr(torch.Tensor, name, original)
+
+
+@contextmanager
+def cuda_syncs(device):
+    """Yields a list that, on CUDA, collects torch's warning for every synchronizing operation the block makes
+    (``torch.cuda.set_sync_debug_mode("warn")``: the device's own count, to set beside ``count_host_reads``); on
+    another device the list stays empty."""
+    caught: list = []
+    if torch.device(device).type != "cuda":
+        yield caught
+        return
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            yield caught
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+            caught += [w for w in seen if "synchroniz" in str(w.message)]

@@ -35,6 +35,14 @@ def render(results: dict) -> str:
         for stage, row in logits.items():
             lines.append(f"| {stage} | {row['rows']} | {row['max_abs_diff']:.3g} | {row['max_abs_logit']:.3g} | "
                          f"{number(row['argmax_equal'])} |")
+    reads = results.get("host_reads")
+    if reads:
+        lines += ["", "## Host reads per step (our counter) and CUDA syncs (torch's sync debug mode)", "",
+                  "| method | steps | reads/step | CUDA syncs/step | where |", "|---|---|---|---|---|"]
+        for name, row in reads.items():
+            where = ", ".join(f"{place} ×{count}" for place, count in row["where"].items())
+            lines.append(f"| {name} | {row['steps']} | {row['reads_per_step']:.2f} | "
+                         f"{number(row['cuda_syncs_per_step'])} | {where} |")
     costs = results.get("step_costs") or {}
     if costs.get("rows"):
         lines += ["", "## Steps (random weights: every draft rejected, one token per step)", "",
