@@ -186,8 +186,8 @@ gpu-bundle: $(VENV_STAMP) ## The wheels make gpu-check needs on a bare CUDA mach
 	@du -sh $(GPU_BUNDLE); ls $(GPU_BUNDLE)
 
 gpu-check: ## On a CUDA machine: install a carried dist/gpu-bundle (if there), then the ten-minute GPU check -> runs/gpu-check/<device>/ (ARGS=--dry-run: its code on a CPU, tiny shapes)
-	if [ -d $(GPU_BUNDLE) ]; then $(GPU_PYTHON) -m pip install --quiet --no-index --no-deps --no-compile --no-cache-dir \
-		--upgrade --target $(GPU_SITE) $(GPU_BUNDLE)/*.whl; fi
+	if [ -d $(GPU_BUNDLE) ]; then $(GPU_PYTHON) -m pip install --target $(GPU_SITE) --no-index --no-deps --upgrade \
+		--quiet --no-compile --no-cache-dir $(GPU_BUNDLE)/*.whl; fi
 	PYTHONPATH=$(GPU_SITE)$${PYTHONPATH:+:$$PYTHONPATH} PYTHONUNBUFFERED=1 $(GPU_PYTHON) -m specbench.gpu_check $(ARGS)
 
 clean: ## Remove the virtual environment and caches (not runs/, not the converted weights)

@@ -13,13 +13,15 @@ import torch
 from specbench.gpu_check import TARGETS, judge
 from specbench.report.gpu_check import render
 
+from .limits import generous
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_the_dry_run_runs_every_phase_on_the_tiny_shapes_and_writes_a_report(tmp_path):
     out = tmp_path / "check"
     done = subprocess.run([sys.executable, "-m", "specbench.gpu_check", "--dry-run", "--out", str(out)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=600)
+                          capture_output=True, text=True, timeout=generous(600))
     assert done.returncode == 0, done.stderr[-3000:]
     results = json.loads((out / "results.json").read_text())
     statuses = {phase: row["status"] for phase, row in results["phases"].items()}
@@ -61,7 +63,7 @@ def test_targets_are_judged_from_the_phases_numbers():
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal is for machines without CUDA")
 def test_without_cuda_the_check_says_to_use_the_dry_run(tmp_path):
     done = subprocess.run([sys.executable, "-m", "specbench.gpu_check", "--out", str(tmp_path)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=generous(120))
     assert done.returncode != 0 and "needs a CUDA device" in done.stderr and "--dry-run" in done.stderr
 
 
@@ -69,7 +71,7 @@ def test_without_cuda_the_check_says_to_use_the_dry_run(tmp_path):
 def test_the_bundle_holds_python_3_12_wheels_of_what_a_bare_cuda_machine_lacks(tmp_path):
     bundle = tmp_path / "bundle"
     done = subprocess.run(["make", "--no-print-directory", "gpu-bundle", f"GPU_BUNDLE={bundle}"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=600)
+                          capture_output=True, text=True, timeout=generous(600))
     assert done.returncode == 0, done.stderr[-3000:]
     wheels = sorted(bundle.glob("*.whl"))
     names = {w.name.split("-")[0].lower() for w in wheels}
