@@ -4,7 +4,8 @@ target: one per decoding step). ``count_host_reads()`` counts, for its duration,
 tensor's values (``tolist``, ``item``, ``int()``, ``float()``, ``bool()``, use as an index, ``cpu``, ``numpy``) by
 where it was called from. On a CPU every tensor is a host tensor, so it counts the reads a GPU run of the same code
 makes; on CUDA, ``torch.cuda.set_sync_debug_mode("warn")`` names the same places. Copies from the host (an index
-tensor built from Python ids) are not counted: the decoding code avoids them by construction (evidence.rows_at).
+tensor built from Python ids) are not counted: the decoding code avoids them by construction (staging.rows_at,
+staging.to_device).
 """
 from __future__ import annotations
 
