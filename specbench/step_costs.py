@@ -13,8 +13,8 @@ a full step (draft, tree, verify, cache bookkeeping), not of a short one.
 
 ``--execution eager,graphs`` (the default ``eager,auto`` is that on CUDA) runs every method in each mode side by
 side, each against its own mode's greedy, and adds per mode the bare forward costs T(k) and per method the
-forwards' own ms per step and the overhead = step / forwards: what the loop, sampling, cache bookkeeping and a
-head's forwards add to the model forwards (with graphs the target for this is <= 1.10x).
+forwards' own ms per step (target, draft and draft-head forwards, each by its own cost table) and the overhead =
+step / forwards: what the loop, sampling and cache bookkeeping add to them (with graphs the target is <= 1.10x).
 
 For a machine where the real weights cannot go (a lent GPU without the hub): what would the τ we measured buy
 there? Prints a table and, with ``--json``, writes it.
