@@ -132,12 +132,14 @@ def logits_parity(target: Path, draft: Path, device: str, static_mode: str) -> d
 
 
 def host_reads(target: Path, draft: Path, device: str, static_mode: str, work: Path) -> dict:
-    """Per method of step_costs (greedy, speculative, the EAGLE-2 trees; random weights, so one token per step):
-    host reads per step by our counter (decoding/host_reads.py) and, on CUDA, the synchronizing operations torch
-    reports, counted over one generation after a warm one."""
+    """Per method of step_costs (greedy, speculative, the EAGLE-2 trees; random weights, so one token per step) and
+    speculative sampling at T = 1 (three reads per step by design: verify.verify_tree_sampling): host reads per step
+    by our counter (decoding/host_reads.py) and, on CUDA, the synchronizing operations torch reports, counted over
+    one generation after a warm one."""
     from argparse import Namespace
 
     from .decoding.host_reads import count_host_reads, cuda_syncs
+    from .methods.speculative import SpeculativeDecoding
     from .step_costs import methods_for, random_head_dir
 
     pair = load_pair(target, draft, device, "auto", static_mode)
@@ -145,7 +147,9 @@ def host_reads(target: Path, draft: Path, device: str, static_mode: str, work: P
     pair.reserve(len(prompt) + 64)
     head = random_head_dir(pair.target.config, "eagle", 0, work / "reads-head")
     rows = {}
-    for name, method in methods_for(pair, Namespace(gamma=4, kind="eagle"), head).items():
+    methods = methods_for(pair, Namespace(gamma=4, kind="eagle"), head)
+    methods["speculative T=1"] = SpeculativeDecoding(pair, "speculative", gamma=4, temperature=1.0)
+    for name, method in methods.items():
         method.generate(prompt, 32, set())  # warm: kernels, captures
         with count_host_reads() as reads, cuda_syncs(device) as syncs:
             generation = method.generate(prompt, 32, set())

@@ -29,6 +29,7 @@ def test_the_dry_run_runs_every_phase_on_the_tiny_shapes_and_writes_a_report(tmp
                         "step_costs": "ok", "bandwidth": "ok", "compiled_generate": "ok"}
     reads = results["host_reads"]
     assert reads["greedy"]["reads_per_step"] == 1.0 and reads["speculative γ=4"]["reads_per_step"] == 1.0
+    assert reads["speculative T=1"]["reads_per_step"] == 3.0  # drafts + argmax, p and q, the sampled token
     assert all(row["cuda_syncs_per_step"] is None for row in reads.values())  # no CUDA: no device count
     assert results["checkpoints"]["execution"] == "static"  # loaded by the hub route, in the static mode
     assert results["logits"]["ok"] and len(results["logits"]["stages"]) == 4

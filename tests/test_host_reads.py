@@ -10,7 +10,7 @@ from specbench.decoding.staging import rows_at
 from specbench.methods.feature_head import FeatureHeadMethod
 from specbench.methods.greedy import Greedy
 from specbench.methods.medusa import MedusaMethod
-from specbench.methods.sl_policies import ConfidenceSL
+from specbench.methods.sl_policies import ConfidenceSL, StaticSL
 from specbench.methods.specinfer import SpecInfer
 from specbench.methods.speculative import SpeculativeDecoding
 from specbench.models.tiny import build_tiny_pair
@@ -62,6 +62,33 @@ def test_policies_that_judge_each_draft_and_sampling_read_each_drafted_token():
             PROMPT, 24, set())
     # the argmax and the policy's confidence per drafted token, one read per verify
     assert sum(reads.values()) == 2 * generation.drafted + len(generation.accept_lengths), reads.most_common(5)
+
+
+class JudgingEachDraft(StaticSL):
+    """Static γ, but as a policy that may stop a draft: DraftChain drafts it on the host, reading every token."""
+
+    def keep_drafting(self, drafted, logits, token):
+        return True
+
+
+def test_a_sampled_chain_is_drafted_on_the_device_and_reads_three_times_per_step():
+    """T > 0: drafts drawn on the device (read with the verify's argmax), then one read of p and q at every draft for
+    the rejection tests and one of the token sampled after them. The same seed gives the same output as drafting on
+    the host (the same draws from the same generator, in the same order)."""
+    pair = build_tiny_pair()
+    on_device = SpeculativeDecoding(pair, "speculative", gamma=4, temperature=1.0)
+    on_host = SpeculativeDecoding(pair, "speculative", policy=JudgingEachDraft(4), temperature=1.0)
+    assert not on_device.policy.stops_early and on_host.policy.stops_early
+    on_device.reset(3)
+    with count_host_reads() as reads:
+        generation = on_device.generate(PROMPT, 24, set())
+    steps = len(generation.accept_lengths)
+    assert 2 * steps < sum(reads.values()) <= 3 * steps, reads.most_common(5)
+    on_host.reset(3)
+    with count_host_reads() as host_reads:
+        host = on_host.generate(PROMPT, 24, set())
+    assert host.tokens == generation.tokens and host.accept_lengths == generation.accept_lengths
+    assert sum(host_reads.values()) == sum(reads.values()) + host.drafted  # the host draft reads each token
 
 
 ONE_READ_PER_STEP = ["speculative", "dyn_heur", "token_recycling", "prompt_lookup", "lookahead", "sam_decoding",

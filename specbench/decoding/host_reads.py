@@ -2,10 +2,10 @@
 queued before it), so a step that reads more than once measures our loop as much as the method (issue 53's
 target: one per decoding step). ``count_host_reads()`` counts, for its duration, every Python-level read of a
 tensor's values (``tolist``, ``item``, ``int()``, ``float()``, ``bool()``, use as an index, ``cpu``, ``numpy``) by
-where it was called from. On a CPU every tensor is a host tensor, so it counts the reads a GPU run of the same code
-makes; on CUDA, ``torch.cuda.set_sync_debug_mode("warn")`` names the same places. Copies from the host (an index
-tensor built from Python ids) are not counted: the decoding code avoids them by construction (staging.rows_at,
-staging.to_device).
+where it was called from, except ``host_value``'s (values the host makes itself: the sampler's uniforms). On a CPU
+every tensor is a host tensor, so it counts the reads a GPU run of the same code makes; on CUDA,
+``torch.cuda.set_sync_debug_mode("warn")`` names the same places. Copies from the host (an index tensor built from
+Python ids) are not counted: the decoding code stages them through pinned memory without blocking (staging.py).
 """
 from __future__ import annotations
 
@@ -17,6 +17,15 @@ from contextlib import contextmanager
 import torch
 
 READS = ("tolist", "item", "__int__", "__float__", "__bool__", "__index__", "cpu", "numpy")
+_item = torch.Tensor.item  # before any counting: host_value's read is never counted
+
+
+def host_value(tensor: torch.Tensor):
+    """The value of a one-element tensor made on the host whatever device the models run on (the sampler's uniforms,
+    drawn from its CPU generator): not a device read on any machine, so ``count_host_reads`` does not count it."""
+    if tensor.device.type != "cpu":
+        raise ValueError(f"host_value reads host tensors only, got one on {tensor.device}")
+    return _item(tensor)
 
 
 @contextmanager

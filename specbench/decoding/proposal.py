@@ -43,9 +43,10 @@ class Proposal:
         return cls(list(tokens), list(range(-1, len(tokens) - 1)), probs)
 
     @classmethod
-    def chain_on_device(cls, tokens: torch.Tensor) -> "Proposal":
-        """A greedy chain of (n,) device ids, read by nothing before the verify step (point masses)."""
-        return cls([], list(range(-1, len(tokens) - 1)), device_tokens=tokens)
+    def chain_on_device(cls, tokens: torch.Tensor, probs: torch.Tensor | None = None) -> "Proposal":
+        """A chain of (n,) device ids read by nothing before the verify step: drawn from ``probs`` (n, V) when
+        sampled, else point masses (a greedy draft's)."""
+        return cls([], list(range(-1, len(tokens) - 1)), probs, device_tokens=tokens)
 
     @property
     def size(self) -> int:

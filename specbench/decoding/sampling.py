@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import torch
 
+from .host_reads import host_value
+
 
 class Sampler:
     def __init__(self, temperature: float = 0.0, top_p: float = 1.0, seed: int = 0):
@@ -44,8 +46,13 @@ class Sampler:
     def sample(self, probs: torch.Tensor) -> int:
         """One token from a (V,) distribution, drawn where it is (a GPU's probabilities are not copied to the host:
         only the token is read), with this sampler's generator for that device (seeded alike)."""
+        return int(self.sample_ids(probs))
+
+    def sample_ids(self, probs: torch.Tensor) -> torch.Tensor:
+        """One token per row of (..., V) probabilities as a (...,) long tensor on their device, read by nothing (a
+        draft sampled on the device feeds it to its next forward as it is: speculative.DraftChain)."""
         probs = probs.detach().float()
-        return int(torch.multinomial(probs, 1, generator=self._generator(probs.device)))
+        return torch.multinomial(probs, 1, generator=self._generator(probs.device))[..., 0]
 
     def _generator(self, device: torch.device) -> torch.Generator:
         if device.type == "cpu":
@@ -56,7 +63,8 @@ class Sampler:
         return self.device_generators[device]
 
     def uniform(self) -> float:
-        return float(torch.rand((), generator=self.generator))
+        """u ~ U[0, 1) from the host generator (a host value on every machine: host_reads.host_value)."""
+        return float(host_value(torch.rand((), generator=self.generator)))
 
     def pick(self, logits: torch.Tensor) -> tuple[int, torch.Tensor | None]:
         """Next token from (V,) logits, and its (V,) distribution (None when greedy)."""

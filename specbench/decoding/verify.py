@@ -12,6 +12,7 @@ from typing import Sequence
 import torch
 
 from .sampling import Sampler
+from .staging import ids_on
 
 
 def verify_tree_sampling(proposal, target_probs: torch.Tensor, sampler: Sampler) -> tuple[list[int], int]:
@@ -32,29 +33,52 @@ def verify_tree_sampling(proposal, target_probs: torch.Tensor, sampler: Sampler)
     induction over the children the token chosen at u is distributed as p_u; with one child per node this is
     speculative sampling of a chain: accept d_i with probability min(1, p_i(d_i) / q_i(d_i)), at the first
     rejection sample from norm(max(0, p_i - q_i)), after the last draft sample the bonus from p.
+
+    Host reads (on a GPU, syncs): one for every node's first try (``first_tries``), one for the token sampled at
+    the end, and one more per sibling tried after a rejection (the residual's probability of its token); the residual is
+    formed and renormalised on the device.
     """
     kids = proposal.children()
+    p_first, q_at = first_tries(proposal, target_probs)
     path, node = [], -1
     while True:
-        p = target_probs[node + 1]
+        p, rejected = target_probs[node + 1], False
         for child in kids.get(node, ()):
             token = proposal.tokens[child]
-            q = None if proposal.probs is None else proposal.probs[child]
-            q_token = 1.0 if q is None else float(q[token])
-            if sampler.uniform() * q_token < float(p[token]):  # u < p/q, written without dividing by q
+            p_token = float(p[token]) if rejected else p_first[child]  # after a rejection: the residual's
+            if sampler.uniform() * q_at[child] < p_token:  # u < p/q, written without dividing by q
                 path.append(child)
                 node = child
                 break
-            if q is None:
+            if proposal.probs is None:
                 residual = p.clone()
                 residual[token] = 0.0
             else:
-                residual = (p - q).clamp_min(0.0)
-            if float(residual.sum()) <= 0.0:  # p == q up to rounding: p itself is the residual's limit
-                residual = p
-            p = residual / residual.sum()
+                residual = (p - proposal.probs[child].to(p.device)).clamp_min(0.0)
+            mass = residual.sum()
+            residual = torch.where(mass > 0.0, residual, p)  # p == q up to rounding: p itself is the residual's limit
+            p, rejected = residual / residual.sum(), True
         else:
             return path, sampler.sample(p)
+
+
+def first_tries(proposal, target_probs: torch.Tensor) -> tuple[list[float], list[float]]:
+    """Read once: for every node c, p(t_c) under its parent's row of ``target_probs`` (what its first try compares,
+    before any sibling's rejection changed that row) and q_c(t_c) (1.0 for point masses), as Python floats: (n,)
+    each. Gathered on the device with indices staged from the host (staging.py), so nothing else is read."""
+    n = len(proposal.tokens)
+    if n == 0:
+        return [], []
+    device = target_probs.device
+    tokens = ids_on(proposal.tokens, device)
+    p_at = target_probs[ids_on([parent + 1 for parent in proposal.parents], device), tokens]  # (n,)
+    if proposal.probs is None:
+        q_at = torch.ones_like(p_at)
+    else:
+        q_at = proposal.probs[torch.arange(n, device=proposal.probs.device),
+                              tokens.to(proposal.probs.device)].to(device)
+    both = torch.stack([p_at.double(), q_at.double()]).tolist()  # float32 values are exact in float64
+    return both[0], both[1]
 
 
 def verify_tree_argmax(proposal, argmax: Sequence[int]) -> tuple[list[int], int]:

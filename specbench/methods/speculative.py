@@ -31,13 +31,14 @@ class DraftChain:
     The draft's cache holds committed tokens only between steps: after verification it is cropped to the
     committed sequence (less the last token, which the next step feeds with any others it has not read).
 
-    At T = 0 under a policy that decides k before the step (static γ, dynHeur, the oracle) the chain stays on the
-    device: each argmax is fed to the next draft forward as a tensor and the verify step reads the drafts together
-    with the target's argmax, one host read per step (on a GPU, one sync). Nothing is read while drafting, so the
-    draft does not stop at an EOS: a last step may draft past one, which verification and the output's EOS cut
-    make harmless (``drafted`` counts what was fed; the policy learns from the draft as cut at its first EOS,
-    transformers' count). Sampling (T > 0) and policies that judge each token (confidence, perplexity, DISCO) read
-    every drafted token."""
+    Under a policy that decides k before the step (static γ, dynHeur, the oracle) the chain stays on the device:
+    each draft token (the argmax at T = 0, a sample from q drawn on the device above it) is fed to the next draft
+    forward as a tensor, and the verify step reads the drafts together with the target's argmax: at T = 0 one host
+    read per step (on a GPU, one sync); at T > 0 two more, the rejection test's p and q at every draft and the token
+    sampled after it (verify.verify_tree_sampling). Nothing is read while drafting, so the draft does not stop at an
+    EOS: a last step may draft past one, which verification and the output's EOS cut make harmless (``drafted``
+    counts what was fed; the policy learns from the draft as cut at its first EOS, transformers' count). Policies
+    that judge each token (confidence, perplexity, DISCO) read every drafted token."""
 
     def __init__(self, draft: CachedLM, policy):
         self.draft, self.policy = draft, policy
@@ -48,8 +49,8 @@ class DraftChain:
         self.policy.begin_step(context.new_tokens)
         self.eos_ids = context.eos_ids
         limit = min(self.policy.draft_length(), context.room)
-        if limit > 0 and context.sampler.greedy and not self.policy.stops_early:
-            return self._propose_on_device(context.tokens[self.draft.length:], limit)
+        if limit > 0 and not self.policy.stops_early:
+            return self._propose_on_device(context.tokens[self.draft.length:], limit, context.sampler)
         tokens: list[int] = []
         probs: list[torch.Tensor] = []
         feed = context.tokens[self.draft.length:]  # committed tokens the draft has not read (the prompt first)
@@ -63,14 +64,21 @@ class DraftChain:
                 break
         return Proposal.chain(tokens, torch.stack(probs) if probs and probs[0] is not None else None)
 
-    def _propose_on_device(self, feed: list[int], limit: int) -> Proposal:
-        """``limit`` greedy drafts, each argmax fed back as a (1,) tensor: nothing read (class docstring)."""
+    def _propose_on_device(self, feed: list[int], limit: int, sampler) -> Proposal:
+        """``limit`` drafts, each fed back as a (1,) tensor: nothing read (class docstring). At T > 0 each is drawn
+        from its q (the sampler's distribution of the draft's logits) on the device, q kept for the verify."""
         tokens: list[torch.Tensor] = []
+        probs: list[torch.Tensor] = []  # (1, V) q per draft, T > 0 only
         ids: list[int] | torch.Tensor = feed  # committed tokens the draft has not read, then each draft
         for _ in range(limit):
-            ids = self.draft.forward(ids, keep_last=1)[-1].argmax(dim=-1, keepdim=True)  # (1,)
+            logits = self.draft.forward(ids, keep_last=1)[-1:]  # (1, V)
+            if sampler.greedy:
+                ids = logits[0].argmax(dim=-1, keepdim=True)  # (1,)
+            else:
+                probs.append(sampler.probs(logits))
+                ids = sampler.sample_ids(probs[-1])  # (1,)
             tokens.append(ids)
-        return Proposal.chain_on_device(torch.cat(tokens))  # (limit,)
+        return Proposal.chain_on_device(torch.cat(tokens), torch.cat(probs) if probs else None)  # (limit,)
 
     def observe(self, step: Step) -> None:
         self.draft.crop(min(self.draft.length, len(step.tokens) - 1))
