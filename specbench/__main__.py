@@ -8,10 +8,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from .errors import ConfigError, LosslessnessError, StorageError
-
-EXIT_CODES = {ConfigError: 2, LosslessnessError: 3, StorageError: 1}
-INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for Ctrl-C
+from .errors import EXIT_CODES, INTERRUPTED, ConfigError, exit_code, fail
 
 
 def interrupted(cfg: DictConfig | None) -> None:
@@ -41,14 +38,13 @@ def main(cfg: DictConfig) -> float | None:
         print(f"specbench: error: {exc}", file=sys.stderr)
         if HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN:
             raise  # the launcher records this job as failed and goes on with the others
-        sys.exit(next(code for kind, code in EXIT_CODES.items() if isinstance(exc, kind)))
+        sys.exit(exit_code(exc))
     except KeyboardInterrupt:
         interrupted(cfg)
     objective = cfg.get("objective") or "tok_per_s"
     if objective not in summary:
-        print(f"specbench: error: objective: {objective!r} is not a summary key; valid: "
-              f"{sorted(k for k, v in summary.items() if isinstance(v, (int, float)))}", file=sys.stderr)
-        sys.exit(2)
+        fail("specbench", ConfigError(f"objective: {objective!r} is not a summary key; valid: "
+                                      f"{sorted(k for k, v in summary.items() if isinstance(v, (int, float)))}"))
     value = summary[objective]
     return float(value) if isinstance(value, (int, float)) else None
 
@@ -59,8 +55,7 @@ if __name__ == "__main__":
     try:  # an override that does not compose (engine=nosuch) is one line and exit 2 here, not Hydra's report
         check_overrides("config", *split_flags(sys.argv[1:]))
     except ConfigError as exc:
-        print(f"specbench: error: {exc}", file=sys.stderr)
-        sys.exit(2)
+        fail("specbench", exc)
     except KeyboardInterrupt:
         interrupted(None)
     try:

@@ -26,9 +26,10 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from . import costs as cost_model
 from .components import build
+from .conf_dir import group_options
 from .cli import run_app
 from .environment import available_cores, check_threads, environment
-from .errors import ConfigError, require, positive_int
+from .errors import ConfigError, fail, require, positive_int
 from .lossless import LosslessCheck
 from .metrics import compare, fmt, matched_baseline, summarize
 from .models.backend import BACKENDS, backend_of_config
@@ -39,7 +40,6 @@ from .report.experiment import hydra_context
 from .engines.loops import LoopBackend
 from .runner import Entry, Runner, RunSpec, classify_record
 
-CONF = Path(__file__).resolve().parents[1] / "conf"
 FP32_GREEDY = "greedy_fp32"
 
 
@@ -47,7 +47,7 @@ def option_list(cfg: DictConfig, key: str, group: str) -> list[str]:
     """``cfg[key]``: a list of conf/<group> options (one name alone is a list of one)."""
     value = cfg[key]
     value = [value] if isinstance(value, str) else value
-    options = sorted(str(p.relative_to(CONF / group).with_suffix("")) for p in (CONF / group).rglob("*.yaml"))
+    options = group_options(group, presets=True)
     require(isinstance(value, (list, ListConfig)) and len(value) > 0, key,
             f"must be a list of conf/{group} options, e.g. {key}=[{options[0]}], got {value!r}")
     for name in value:
@@ -145,8 +145,7 @@ def app(cfg: DictConfig) -> None:
     try:
         run(cfg)
     except ConfigError as exc:  # a bad key: one clear line, no traceback
-        print(f"specbench.bench: error: {exc}", file=sys.stderr)
-        sys.exit(2)
+        fail("specbench.bench", exc)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -325,8 +324,7 @@ def efficiency_rows(records, names, summaries, target_costs, draft_costs, baseli
         s = summaries[name]
         base = matched_baseline(records[name], records[against])
         limit = cost_model.bound(records[name], base, target_costs, draft_costs if name != FP32_GREEDY else None)
-        # measured Σtokens/Σtime of the same pairs over the bound's Σ-over-Σ prediction: like for like
-        eff = s["speedup_total"] / limit if limit and s.get("speedup_total") and name != FP32_GREEDY else None
+        eff = cost_model.efficiency(s.get("speedup_total"), limit) if name != FP32_GREEDY else None
         rows[name] = {"tok_per_s": s["tok_per_s"], "speedup": s.get("speedup"), "speedup_ci95": s.get("speedup_ci95"),
                       "speedup_total": s.get("speedup_total"), "tau": s.get("tau"),
                       "bound": limit if name != FP32_GREEDY else None, "efficiency": eff}

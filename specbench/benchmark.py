@@ -1,5 +1,5 @@
-"""``run(cfg)``: one benchmark from a resolved config — check it, build the engine, measure (the engine loads, runs
-the rounds and summarises: engines/hf.py, engines/vllm_backend.py). ``python -m specbench`` and the DISCO and
+"""``run(cfg)``: one benchmark from a resolved config — check it, build the engine, measure (engines/base.py's
+``measure``: the same path for every engine). ``python -m specbench``, the report's sweeps and the DISCO and
 draft-head pipelines call it; the pieces it is made of are in components.py."""
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import time
 from omegaconf import DictConfig
 
 from .components import engine_of, spec_for
+from .engines.base import measure
 from .config_check import check_settings
 from .errors import ConfigError, LosslessnessError, StorageError
 from .models.backend import fit_auto_backend
@@ -28,7 +29,7 @@ def run(cfg: DictConfig, pair=None) -> dict:
     spec = spec_for(cfg, cfg.method, engine)
     try:
         engine.check(cfg, pair)  # sampling and every _target_ node, before any model loads or engine starts
-        summary = engine.measure(cfg, spec, pair)
+        summary = measure(engine, cfg, spec, pair)
     except (StorageError, LosslessnessError):  # one line from __main__: a full disk, a run that finished unproven
         raise
     except Exception as exc:  # say why this cell of a sweep is empty (the report reads it), whatever failed: a

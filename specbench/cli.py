@@ -7,13 +7,11 @@ own report is several lines and exit status 1).
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 from hydra.errors import HydraException
 
-from .errors import ConfigError
-
-CONF = Path(__file__).resolve().parents[1] / "conf"
+from .conf_dir import CONF
+from .errors import INTERRUPTED, ConfigError, fail
 # Hydra's flags that take the next argument as their value (``--cfg job``); --info takes one only from its list
 VALUE_FLAGS = ("--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--config-name", "-cn", "--config-dir",
                "-cd", "--experimental-rerun")
@@ -71,11 +69,10 @@ def run_app(app, name: str, config_name: str, argv: list[str]) -> None:
     try:
         check_overrides(config_name, flags, overrides)
     except ConfigError as exc:
-        print(f"{name}: error: {exc}", file=sys.stderr)
-        sys.exit(2)
+        fail(name, exc)
     sys.argv = [sys.argv[0], *argv]  # what Hydra reads
     try:
         app()
     except KeyboardInterrupt:
         print(f"{name}: interrupted; what was finished is kept (re-running the same command resumes)", file=sys.stderr)
-        sys.exit(130)
+        sys.exit(INTERRUPTED)

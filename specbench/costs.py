@@ -221,6 +221,13 @@ def forward_split(records: list, baseline: list, target_costs, draft_costs, head
             "method": method, "baseline": base}
 
 
+def efficiency(speedup_total: float | None, limit: float | None) -> float | None:
+    """How much of the bound the run reached: its measured Σtokens/Σtime speed-up over the bound, which is a
+    Σ-over-Σ prediction for the same records (like for like; docs/design.md, *The bound and efficiency*). The one
+    definition: the run's summary, the reports' repricing and ``make bench`` all call it."""
+    return speedup_total / limit if speedup_total and limit else None
+
+
 def repriced(run_bound: dict | None, records, baseline, speedup_total) -> dict | None:
     """A run's bound (``run_bound``: each model's T(k), measured once after the run) priced on ``records`` (a run's,
     or some of them: one category's, the prompts a report selects) and their paired baseline records, with
@@ -236,7 +243,7 @@ def repriced(run_bound: dict | None, records, baseline, speedup_total) -> dict |
     limit = bound(records, paired, *costs)
     if limit is None:
         return None
-    return {**run_bound, "bound": limit, "efficiency": speedup_total / limit if speedup_total else None,
+    return {**run_bound, "bound": limit, "efficiency": efficiency(speedup_total, limit),
             "split": forward_split(records, paired, *costs)}
 
 

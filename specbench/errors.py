@@ -1,5 +1,7 @@
-"""Errors a user can act on: each names the config key or file at fault and what would be valid."""
+"""Errors a user can act on: each names the config key or file at fault and what would be valid; and the exit
+status each ends a command line with."""
 import sys
+from typing import NoReturn
 
 
 class ConfigError(ValueError):
@@ -30,11 +32,25 @@ class LosslessnessError(RuntimeError):
     """``runner.strict_lossless``: an output diverged from greedy beyond the measured numerical noise."""
 
 
+# every command line's exit status for what ends it: one map (docs/running.md, *Exit status*)
+EXIT_CODES = {ConfigError: 2, LosslessnessError: 3, StorageError: 1}
+INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for Ctrl-C
+
+
+def exit_code(exc: BaseException) -> int:
+    """The exit status for ``exc`` (EXIT_CODES; 1 for anything else)."""
+    return next((code for kind, code in EXIT_CODES.items() if isinstance(exc, kind)), 1)
+
+
+def fail(program: str, exc: BaseException) -> NoReturn:
+    """End ``program`` with one line on stderr ("<program>: error: ...") and its exit status (``exit_code``)."""
+    print(f"{program}: error: {exc}", file=sys.stderr)
+    sys.exit(exit_code(exc))
+
+
 def exit_on_config_error(program: str, run) -> None:
-    """Call ``run()``; a ConfigError ends the program with one line on stderr ("<program>: error: ...") and exit
-    status 2 (the pipelines' command lines)."""
+    """Call ``run()``; a ConfigError ends the program with one line (``fail``): the pipelines' command lines."""
     try:
         run()
     except ConfigError as exc:
-        print(f"{program}: error: {exc}", file=sys.stderr)
-        sys.exit(2)
+        fail(program, exc)

@@ -23,9 +23,9 @@ from pathlib import Path
 from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 
+from .conf_dir import CONF
 from .errors import ConfigError
 
-CONF = Path(__file__).resolve().parents[1] / "conf"
 TABLES = CONF / "paper"
 GROUP = "paper_hparams"
 

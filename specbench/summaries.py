@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from omegaconf import DictConfig
 
+from .costs import efficiency
 from .errors import LosslessnessError
 from .metrics import summarize
 from .report.console import render_headline, render_table
@@ -26,8 +27,8 @@ def finish(cfg: DictConfig, spec: RunSpec, base_spec: RunSpec, records: list, ba
     tuned = next((r.tuned for r in records if r.tuned), None)
     if tuned:
         summary["tuned"] = tuned
-    if summary.get("bound") and summary.get("speedup_total"):  # measured Σ/Σ over the bound's Σ/Σ: like for like
-        summary["bound"]["efficiency"] = summary["speedup_total"] / summary["bound"]["bound"]
+    if summary.get("bound") and summary.get("speedup_total"):
+        summary["bound"]["efficiency"] = efficiency(summary["speedup_total"], summary["bound"]["bound"])
     write_json(spec.summary_path, summary)
     if tracker is not None:
         tracker.finish(summary)

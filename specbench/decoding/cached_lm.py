@@ -1,8 +1,5 @@
-"""A causal LM together with its KV cache: feed new tokens, get their logits, crop or gather the cache.
-
-Invariant kept by the linear methods: the cache holds exactly the committed tokens it has seen, so
-``tokens[lm.length:]`` is what the model still has to read before it can predict the next token.
-"""
+"""A causal LM together with its KV cache: feed new tokens, get their logits, crop or gather the cache (the
+LanguageModel interface, language_model.py, on transformers with a DynamicCache)."""
 from __future__ import annotations
 
 from contextlib import contextmanager

@@ -1,5 +1,6 @@
-"""``model.execution: static | graphs``: the CachedLM interface over a preallocated KV cache, forwards padded to
-buckets and (graphs) replayed from CUDA graphs captured once per (model, bucket). gpt-fast's recipe.
+"""``model.execution: static | graphs``: the LanguageModel interface (language_model.py) over a preallocated KV
+cache, forwards padded to buckets and (graphs) replayed from CUDA graphs captured once per (model, bucket).
+gpt-fast's recipe.
 
 One ``StaticModel`` per (model, role) owns the buffers: the StaticKV cache (static_cache.py), and per bucket B
 and key span S the static inputs of a forward — ids (1, B), position ids (1, B), the write start (1,), what each
@@ -288,7 +289,7 @@ class StaticModel(BucketedForward):
 
 
 class StaticLM:
-    """The CachedLM interface (cached_lm.py) over a StaticModel: one generation's logical view of its cache.
+    """The LanguageModel interface (language_model.py) over a StaticModel: one generation's view of its cache.
 
     vocab: as CachedLM's. features: also keep the last call's hidden states (FeatureLM's ``features_at``)."""
 

@@ -9,17 +9,15 @@ from omegaconf import DictConfig, OmegaConf
 from transformers.utils import logging as transformers_logging
 
 from .. import components  # components.build(...) through the module: tests guard what it builds
-from ..components import check_resolution, needs_draft_model, pairing_mode, run_inputs
+from ..components import RunInputs, needs_draft_model
 from ..cost_tables import CostTableStore, cost_table_identity
 from ..costs import run_bound
 from ..errors import require
 from ..lossless import LosslessCheck
-from ..metrics import one_per_prompt
 from ..models.files import cache_root
 from ..models.precision import precision_of_config
-from ..runner import Entry, Runner, RunSpec
+from ..runner import Entry, RunSpec
 from .loops import LoopBackend
-from ..summaries import finish
 
 
 class HfEngine:
@@ -44,60 +42,59 @@ class HfEngine:
                 "need engine=vllm")
         check_components(cfg, pair)
 
-    def measure(self, cfg: DictConfig, spec, pair=None) -> dict:
-        return measure(cfg, spec, pair)
+    def precision(self, cfg: DictConfig):
+        return precision_of_config(cfg.model)
+
+    def open(self, cfg: DictConfig, inputs: RunInputs, spec: RunSpec, pair=None) -> "HfRun":
+        return HfRun(cfg, inputs, pair)
 
 
-def measure(cfg: DictConfig, spec: RunSpec, pair=None) -> dict:
-    """One benchmark on our loops: load (unless ``pair`` is given), run the rounds, bound, summarise."""
-    inputs = run_inputs(cfg)
-    threads, dataset, base_spec, sampling, config, tracker = (inputs.threads, inputs.dataset, inputs.base_spec,
-                                                               inputs.sampling, inputs.config, inputs.tracker)
-    examples, warmup_example = inputs.examples, inputs.warmup_example
-    torch.set_num_threads(threads)
-    check_resolution([spec, base_spec], examples, precision_of_config(cfg.model), threads)
-    if not cfg.runner.progress:
-        transformers_logging.disable_progress_bar()  # the weight-loading bars too
-    if pair is None:
-        pair = components.build(cfg.model, "model", **({} if needs_draft_model(cfg) else {"load_draft": False}))
-    exact = sampling["temperature"] == 0
-    backend = LoopBackend(pair, dataset.max_new_tokens, warmup=cfg.runner.warmup,
-                          warmup_max_new_tokens=cfg.runner.warmup_max_new_tokens, seed=sampling["seed"],
-                          config=config, chat=dataset.chat_template, threads=threads)
-    lossless = LosslessCheck(pair, threads) if exact else None
+class HfRun:
+    """engine=hf's side of one benchmark: the pair loaded (unless given), our loops as the round backend, the
+    losslessness check on the pair's own noise; after the rounds, the bound and the capture counts."""
 
-    def runner(logged: bool) -> Runner:  # the tracker logs the method's records, not a separate baseline's
-        return Runner(backend, repeats=cfg.runner.repeats, progress=cfg.runner.progress, scorer=dataset.scorer,
-                      lossless=lossless, tracker=tracker if logged else None)
+    label = ""
 
-    source = "runner.threads" if cfg.runner.threads else "the cores this process may use"
-    print(f"[specbench] threads: {threads} ({source}); pairing: {pairing_mode(cfg)}", file=sys.stderr)
+    def __init__(self, cfg: DictConfig, inputs: RunInputs, pair=None):
+        self.cfg, self.inputs = cfg, inputs
+        torch.set_num_threads(inputs.threads)
+        if not cfg.runner.progress:
+            transformers_logging.disable_progress_bar()  # the weight-loading bars too
+        if pair is None:
+            pair = components.build(cfg.model, "model", **({} if needs_draft_model(cfg) else {"load_draft": False}))
+        self.pair = pair
+        self.backend = LoopBackend(pair, inputs.dataset.max_new_tokens, warmup=cfg.runner.warmup,
+                                   warmup_max_new_tokens=cfg.runner.warmup_max_new_tokens,
+                                   seed=inputs.sampling["seed"], config=inputs.config,
+                                   chat=inputs.dataset.chat_template, threads=inputs.threads)
+        self.lossless = LosslessCheck(pair, inputs.threads) if inputs.sampling["temperature"] == 0 else None
 
-    # before any work: bad settings fail fast
-    method = Entry(components.build(cfg.method, "method", pair=pair, **sampling), spec)
-    is_baseline = base_spec.key == spec.key
-    if tracker is not None:
-        tracker.start(f"{spec.method}@{spec.pair}/{spec.data}", config)
-    baseline_records = None
-    if is_baseline:
-        (records,) = runner(logged=True).run([method], examples, warmup_example)
-    elif cfg.runner.baseline == "skip":
-        baseline_records = one_per_prompt(base_spec.records_for(examples)) or None
-        if baseline_records is None:
-            print(f"[specbench] no {cfg.baseline.name} baseline records for this pair/data/settings; speedup "
-                  "and identity need them: re-run with runner.baseline=auto", file=sys.stderr)
-        (records,) = runner(logged=True).run([method], examples, warmup_example, reference=baseline_records)
-    else:
-        baseline = Entry(components.build(cfg.baseline, "baseline", pair=pair, **sampling), base_spec)
-        if pairing_mode(cfg) == "interleaved":
-            baseline_records, records = runner(logged=True).run([baseline, method], examples, warmup_example)
-        else:
-            (baseline_records,) = runner(logged=False).run([baseline], examples, warmup_example)
-            (records,) = runner(logged=True).run([method], examples, warmup_example, reference=baseline_records)
+    def method_entry(self, spec: RunSpec) -> Entry:
+        return Entry(components.build(self.cfg.method, "method", pair=self.pair, **self.inputs.sampling), spec)
 
-    facts = {}
-    if cfg.runner.bound and baseline_records and not is_baseline:  # untimed: after every generation
-        prompt = backend.encode([{"role": "user", "content": examples[0].prompt}], False)
+    def baseline_entry(self, spec: RunSpec) -> Entry:
+        return Entry(components.build(self.cfg.baseline, "baseline", pair=self.pair, **self.inputs.sampling), spec)
+
+    def after(self, method: Entry, records: list, baseline_records) -> dict:
+        """The bound (untimed: the forward costs measured now) and how the forwards executed."""
+        pair, threads = self.pair, self.inputs.threads
+        facts = {"precision": pair.precision.as_record(), "dtype": pair.dtype, "threads": threads}
+        if self.cfg.runner.bound and baseline_records:
+            bound = self.bound(method, records, baseline_records)
+            if bound is not None:
+                facts["bound"] = bound
+        if pair.execution.static:  # how the forwards ran, and the (untimed) capture work done for it
+            graphs, seconds = pair.captures
+            facts["execution"] = {**pair.execution.as_record(), "graphs_captured": graphs, "capture_s": seconds}
+            if pair.execution.graphs:
+                print(f"[specbench] CUDA graphs: {graphs} captured in {seconds:.1f} s, outside every timed region",
+                      file=sys.stderr)
+        return facts
+
+    def bound(self, method: Entry, records: list, baseline_records: list) -> dict | None:
+        """The speed-up this machine's forward costs allow the run (costs.run_bound), priced after every round."""
+        cfg, pair, threads = self.cfg, self.pair, self.inputs.threads
+        prompt = self.backend.encode([{"role": "user", "content": self.inputs.examples[0].prompt}], False)
         drafter = getattr(method.method, "self_draft", None)  # a draft made of the target's own layers (swift)
         head = getattr(method.method, "head_cost_probe", None)  # a draft head's forwards (eagle, medusa, ...)
         store = (CostTableStore(cache_root() / "cost_tables",
@@ -106,19 +103,12 @@ def measure(cfg: DictConfig, spec: RunSpec, pair=None) -> dict:
         started = time.perf_counter()
         limit = run_bound(pair, records, baseline_records, prompt, draft=drafter() if drafter else None,
                           head=head() if head else None, store=store)
-        if limit is not None:
-            limit["bound_s"] = time.perf_counter() - started
-            facts["bound"] = limit
-            how = {role: done["tables"] for role, done in limit["cost_tables"].items()}
-            print(f"[specbench] bound: forward costs in {limit['bound_s']:.1f} s (tables "
-                  f"{', '.join(f'{role} {what}' for role, what in how.items())}"
-                  f"{'; runner.cost_tables=measure re-measures them' if 'reused' in how.values() else ''})",
-                  file=sys.stderr)
-    if pair.execution.static:  # how the forwards ran, and the (untimed) capture work done for it
-        graphs, seconds = pair.captures
-        facts["execution"] = {**pair.execution.as_record(), "graphs_captured": graphs, "capture_s": seconds}
-        if pair.execution.graphs:
-            print(f"[specbench] CUDA graphs: {graphs} captured in {seconds:.1f} s, outside every timed region",
-                  file=sys.stderr)
-    return finish(cfg, spec, base_spec, records, baseline_records, tracker,
-                  precision=pair.precision.as_record(), dtype=pair.dtype, threads=threads, **facts)
+        if limit is None:
+            return None
+        limit["bound_s"] = time.perf_counter() - started
+        how = {role: done["tables"] for role, done in limit["cost_tables"].items()}
+        print(f"[specbench] bound: forward costs in {limit['bound_s']:.1f} s (tables "
+              f"{', '.join(f'{role} {what}' for role, what in how.items())}"
+              f"{'; runner.cost_tables=measure re-measures them' if 'reused' in how.values() else ''})",
+              file=sys.stderr)
+        return limit

@@ -252,7 +252,23 @@ class VllmEngine:
         with self.environment(threads):
             return LLM(**{**kwargs, **self.options})
 
-    def measure(self, cfg: DictConfig, spec, pair=None) -> dict:
-        from .vllm_backend import measure
+    def files(self, cfg: DictConfig):
+        """The pair's files (engines/checkpoints.py), located once per run."""
+        from .checkpoints import locate
 
-        return measure(self, cfg, spec)
+        model = OmegaConf.to_container(cfg.model, resolve=True)
+        if getattr(self, "_located", (None,))[0] != model:
+            self._located = (model, locate(model))
+        return self._located[1]
+
+    def precision(self, cfg: DictConfig):
+        """What this run computes in: the resolved dtype of the pair's files (before any engine starts)."""
+        from ..models.precision import Precision
+
+        return Precision(requested=str(cfg.model.get("dtype", "auto")), dtype=self.resolved_dtype(self.files(cfg)),
+                         reason=f"vLLM {self.version}", linear_kernel="vllm", device=self.resolved_device())
+
+    def open(self, cfg: DictConfig, inputs, spec, pair=None):
+        from .vllm_backend import VllmRun
+
+        return VllmRun(self, cfg, inputs, spec)

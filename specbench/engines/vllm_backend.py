@@ -20,7 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from ..environment import environment
 from ..schema import TurnRecord, build_record
-from ..runner import Entry, Measurement, Runner, prompt_of
+from ..runner import Entry, Measurement, prompt_of
 from .vllm_session import VllmSession, step_counters
 
 
@@ -49,10 +49,10 @@ class VllmBackend:
             session.run([prompt] * self.batch_size, budget, self.sampling["temperature"], self.sampling["top_p"],
                         [self.sampling["seed"]] * self.batch_size)
 
-    def generate(self, entry: Entry, batch, repeat: int) -> list[Measurement]:
-        """One entry's pass over the batch (timed inside session.run only): per request, its record and the
-        prompt ids of each turn."""
-        session, spec = entry.method, entry.spec
+    def generate(self, entry: Entry, prompts, repeat: int) -> list[Measurement]:
+        """One entry's pass over the round's batch of ``prompts`` (timed inside session.run only): per request, its
+        record and the prompt ids of each turn."""
+        session, spec, batch = entry.method, entry.spec, prompts
         size = len(batch)
         messages = [[] for _ in batch]
         turns: list[list[TurnRecord]] = [[] for _ in batch]
@@ -110,62 +110,58 @@ class OnFirstUse:
         return getattr(self._session, name)
 
 
-def measure(engine, cfg: DictConfig, spec) -> dict:
-    """One benchmark on vLLM: locate the pair's files, start the engine(s), run the rounds, summarise."""
-    from ..components import check_resolution, run_inputs
-    from ..summaries import finish
-    from ..models.precision import Precision
-    from .checkpoints import PromptCodec, locate
-    from .vllm_lossless import VllmLosslessCheck
-    from .vllm_methods import speculative_config
+class VllmRun:
+    """engine=vllm's side of one benchmark: the pair's files located, the baseline's and the method's engines started
+    on first use (a re-run whose records are all kept starts none), the round backend, and the losslessness check on
+    vLLM's own numbers."""
 
-    inputs = run_inputs(cfg, engine)
-    threads, dataset, base_spec, sampling, config, tracker = (inputs.threads, inputs.dataset, inputs.base_spec,
-                                                               inputs.sampling, inputs.config, inputs.tracker)
-    examples, warmup_example = inputs.examples, inputs.warmup_example
-    model = OmegaConf.to_container(cfg.model, resolve=True)
-    device = engine.resolved_device()
-    files = locate(model)
-    dtype = engine.resolved_dtype(files)
-    precision = Precision(requested=str(model.get("dtype", "auto")), dtype=dtype, reason=f"vLLM {engine.version}",
-                          linear_kernel="vllm", device=device)
-    check_resolution([spec, base_spec], examples, precision, threads)
-    codec = PromptCodec.load(files, model)
-    method_cfg = OmegaConf.to_container(cfg.method, resolve=True)
-    is_baseline = base_spec.key == spec.key
-    speculative = None if is_baseline else speculative_config(method_cfg, files)
-    if device == "cpu":  # before any engine starts: the weights too, now that the files are known
-        engine.check_weights_memory(files, drafts=bool(speculative) and speculative.get("model") == files.draft,
-                                    engines=1 if is_baseline else 2)
+    def __init__(self, engine, cfg: DictConfig, inputs, spec):
+        from .checkpoints import PromptCodec
+        from .vllm_lossless import VllmLosslessCheck
+        from .vllm_methods import speculative_config
 
-    def starter(role: str, config: dict | None):
-        def start() -> VllmSession:
-            print(f"[specbench] engine vllm {engine.version} on {device}: starting the {role} engine; threads "
-                  f"{threads}, batch size {cfg.runner.batch_size}", file=sys.stderr)
-            return VllmSession(engine.start(files, config, threads), codec.eos_ids)
-        return start
+        threads, sampling = inputs.threads, inputs.sampling
+        model = OmegaConf.to_container(cfg.model, resolve=True)
+        device, files = engine.resolved_device(), engine.files(cfg)
+        self.precision = engine.precision(cfg)
+        self.threads, self.device, self.engine = threads, device, engine
+        self.batch_size = cfg.runner.batch_size
+        self.label = f" (vllm, batch {self.batch_size})"
+        codec = PromptCodec.load(files, model)
+        is_baseline = inputs.base_spec.key == spec.key
+        method = OmegaConf.to_container(cfg.method, resolve=True)
+        speculative = None if is_baseline else speculative_config(method, files)
+        if device == "cpu":  # before any engine starts: the weights too, now that the files are known
+            engine.check_weights_memory(files, drafts=bool(speculative) and speculative.get("model") == files.draft,
+                                        engines=1 if is_baseline else 2)
 
-    base = OnFirstUse(starter("baseline", None))
-    sessions = [Entry(base, base_spec)]
-    if not is_baseline:
-        sessions.append(Entry(OnFirstUse(starter("method", speculative)), spec))
-    env = {**environment(torch.device(device)), "threads": threads, "engine": f"vllm {engine.version}",
-           "precision": precision.as_record(),
-           "model_info": {"target": files.target, "draft": files.draft}}
-    lossless = None
-    if sampling["temperature"] == 0 and not is_baseline:
-        lossless = VllmLosslessCheck(base, codec, {"files": files, "engine": OmegaConf.to_container(cfg.engine),
-                                                    "threads": threads, "vllm": engine.version, "device": device})
-    backend = VllmBackend(codec, dataset.max_new_tokens, cfg.runner.batch_size, sampling, warmup=cfg.runner.warmup,
-                          warmup_max_new_tokens=cfg.runner.warmup_max_new_tokens, config=config,
-                          chat=dataset.chat_template, env=env)
-    runner = Runner(backend, repeats=cfg.runner.repeats, progress=cfg.runner.progress, scorer=dataset.scorer,
-                    lossless=lossless, tracker=tracker)
-    if tracker is not None:
-        tracker.start(f"{spec.method}@{spec.pair}/{spec.data} (vllm, batch {cfg.runner.batch_size})", config)
-    results = runner.run(sessions, examples, warmup_example)
-    records = results[-1]
-    baseline_records = None if is_baseline else results[0]
-    return finish(cfg, spec, base_spec, records, baseline_records, tracker, precision=precision.as_record(),
-                  dtype=dtype, threads=threads, engine=f"vllm {engine.version}", device=device,
-                  batch_size=cfg.runner.batch_size)
+        def starter(role: str, config: dict | None):
+            def start() -> VllmSession:
+                print(f"[specbench] engine vllm {engine.version} on {device}: starting the {role} engine; threads "
+                      f"{threads}, batch size {self.batch_size}", file=sys.stderr)
+                return VllmSession(engine.start(files, config, threads), codec.eos_ids)
+            return start
+
+        self.base = OnFirstUse(starter("baseline", None))
+        self.method = self.base if is_baseline else OnFirstUse(starter("method", speculative))
+        env = {**environment(torch.device(device)), "threads": threads, "engine": f"vllm {engine.version}",
+               "precision": self.precision.as_record(), "model_info": {"target": files.target, "draft": files.draft}}
+        self.lossless = None
+        if sampling["temperature"] == 0 and not is_baseline:
+            self.lossless = VllmLosslessCheck(self.base, codec, {
+                "files": files, "engine": OmegaConf.to_container(cfg.engine), "threads": threads,
+                "vllm": engine.version, "device": device})
+        self.backend = VllmBackend(codec, inputs.dataset.max_new_tokens, self.batch_size, sampling,
+                                   warmup=cfg.runner.warmup, warmup_max_new_tokens=cfg.runner.warmup_max_new_tokens,
+                                   config=inputs.config, chat=inputs.dataset.chat_template, env=env)
+
+    def method_entry(self, spec) -> Entry:
+        return Entry(self.method, spec)
+
+    def baseline_entry(self, spec) -> Entry:
+        return Entry(self.base, spec)
+
+    def after(self, method: Entry, records: list, baseline_records) -> dict:
+        """No bound (vLLM's forwards are not ours to time): how the run was measured."""
+        return {"precision": self.precision.as_record(), "dtype": self.precision.dtype, "threads": self.threads,
+                "engine": f"vllm {self.engine.version}", "device": self.device, "batch_size": self.batch_size}

@@ -130,18 +130,18 @@ def length_or_auto(value, key: str, meaning: str) -> int | None:
 
 def methods_for_backend(backend: str) -> list[str]:
     """The ``method=`` names (conf/method/*.yaml) whose class runs on ``backend``."""
-    from pathlib import Path
-
     import yaml
     from hydra.utils import get_object
 
+    from ..conf_dir import CONF, group_options
+
     names = []
-    for path in sorted((Path(__file__).resolve().parents[2] / "conf" / "method").glob("*.yaml")):
-        target = (yaml.safe_load(path.read_text()) or {}).get("_target_")
+    for name in group_options("method"):
+        target = (yaml.safe_load((CONF / "method" / f"{name}.yaml").read_text()) or {}).get("_target_")
         try:
             cls = get_object(target) if target else None
         except Exception:  # noqa: BLE001 - a config naming a class that does not import runs nowhere
             cls = None
         if isinstance(cls, type) and backend in getattr(cls, "backends", ()):
-            names.append(path.stem)
+            names.append(name)
     return names

@@ -15,11 +15,12 @@ No torch here: registered when specbench is imported, before anything composes o
 from __future__ import annotations
 
 from functools import lru_cache
-from pathlib import Path
 
 from omegaconf import OmegaConf
 
-HEAD_CONFIGS = Path(__file__).resolve().parents[2] / "conf" / "head"
+from ..conf_dir import CONF
+
+HEAD_CONFIGS = CONF / "head"
 
 
 def is_head_name(head) -> bool:

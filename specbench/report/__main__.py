@@ -22,8 +22,9 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 
-from ..cli import CONF, one_line, run_app, split_flags
-from ..errors import ConfigError, require, positive_int
+from ..cli import one_line, run_app, split_flags
+from ..conf_dir import group_options
+from ..errors import ConfigError, fail, require, positive_int
 
 OWN = ("experiment", "out", "overrides", "logger", "paths", "hydra")  # the report's keys (conf/report.yaml)
 SHARED = ("paths",)  # the report's own keys that the sweep's configs need as well (where the records are)
@@ -77,7 +78,7 @@ def limit_of(overrides: list[str]) -> int | None:
 
 
 def experiments() -> list[str]:
-    return sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))
+    return group_options("experiment")
 
 
 def render(cfg: DictConfig) -> dict:
@@ -102,8 +103,7 @@ def report(cfg: DictConfig) -> None:
     try:
         result = render(cfg)
     except (ConfigError, HydraException) as exc:  # bad experiment/override: one clear line, no traceback
-        print(f"specbench.report: error: {one_line(str(exc))}", file=sys.stderr)
-        sys.exit(2)
+        fail("specbench.report", ConfigError(one_line(str(exc))))
     print(result["markdown"])
     for kind, path in sorted(result["paths"].items()):
         print(f"[report] {kind}: {path}", file=sys.stderr)
@@ -113,8 +113,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         flags, own, _ = command_line(sys.argv[1:] if argv is None else argv)
     except ConfigError as exc:
-        print(f"specbench.report: error: {exc}", file=sys.stderr)
-        sys.exit(2)
+        fail("specbench.report", exc)
     run_app(report, "specbench.report", "report", [*flags, *own])
 
 

@@ -11,13 +11,13 @@ import itertools
 import json
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf
 
+from ..conf_dir import CONF, group_options
 from ..costs import repriced
 from ..components import spec_for
 from ..errors import ConfigError
@@ -28,11 +28,9 @@ from ..scoring import primary_value
 from .presets import Unlike, unlike_published
 from .tables import column_keys_of, row_keys_of
 
-CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
-
 
 def available_experiments() -> list[str]:
-    return sorted(p.stem for p in (CONF_DIR / "experiment").glob("*.yaml"))
+    return group_options("experiment")
 
 
 @dataclass
@@ -76,7 +74,7 @@ def hydra_context():
     if GlobalHydra.instance().is_initialized():
         yield
     else:
-        with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+        with initialize_config_dir(str(CONF), version_base="1.3"):
             yield
 
 

@@ -9,7 +9,8 @@ from ..environment import cpu_signature
 from ..errors import ConfigError, require
 from ..schema import RunRecord
 from .console import alpha_text, identity_text
-from .experiment import CONF_DIR, Cell, Experiment
+from ..conf_dir import group_options
+from .experiment import Cell, Experiment
 from .parity import engine_notes, parity
 from .presets import NAME
 from .tables import TIED, UNLIKE, Entry, Table, build_table, to_csv, to_latex, to_markdown
@@ -21,7 +22,7 @@ def known_methods() -> set[str]:
     """The method names a run of ours can have: a conf/method config's, or a head's trained here (conf/head: a run
     with method.head=<name> is named after its head, models/head_names.py; GRIFFIN's ablation rows), and SAM
     Decoding over any of them (conf/method/sam_speculative.yaml names a run sam_<its fallback's name>)."""
-    names = {p.stem for group in ("method", "head") for p in (CONF_DIR / group).glob("*.yaml")}
+    names = {name for group in ("method", "head") for name in group_options(group)}
     return names | {f"sam_{name}" for name in names}
 
 
