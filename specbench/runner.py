@@ -1,7 +1,7 @@
 """The runner: rounds, pairing, resume, locking, the losslessness check, scoring and writing — for every engine.
 
-An engine gives the runner a **backend** (``Backend`` below): it prepares (untimed: caches sized, lengths tuned,
-warm-up) and generates one round's prompts for one entry, timing only the generation. Everything else happens
+An engine gives the runner a **round backend** (``RoundBackend`` below): it prepares (untimed: caches sized, lengths
+tuned, warm-up) and generates one round's prompts for one entry, timing only the generation. Everything else happens
 here, outside the timed regions: scoring, the losslessness check, pairing stamps, writing, logging. engine=hf's
 backend (engines/loops.py) runs our decoding loops one prompt at a time; engine=vllm's (engines/vllm_backend.py)
 runs ``runner.batch_size`` prompts a round through a vLLM engine. One record per (prompt, repeat) is appended as
@@ -85,7 +85,7 @@ class Measurement:
 Round = list[tuple[int, Example]]  # (index in the dataset, example): one prompt, or a batch of them
 
 
-class Backend(Protocol):
+class RoundBackend(Protocol):
     """What an engine gives the runner. ``batch_size``: prompts a round holds; ``batched``: whether a round is one
     batch (its records carry ``batch`` and pair by position) rather than one prompt."""
 
@@ -106,7 +106,7 @@ class Backend(Protocol):
 
 
 class Runner:
-    def __init__(self, backend: Backend, repeats: int = 1, progress: bool = True, scorer=None, lossless=None,
+    def __init__(self, backend: RoundBackend, repeats: int = 1, progress: bool = True, scorer=None, lossless=None,
                  tracker=None):
         """lossless: anything with ``classify(prompt, greedy_ids, method_ids)`` (lossless.LosslessCheck, vLLM's):
         at temperature 0, each measured entry's output is classified against the baseline's of the same round

@@ -409,11 +409,11 @@ def test_a_job_that_fails_on_anything_says_why_in_its_cell(tmp_path, monkeypatch
     writes its error file, which the report shows as the cell's status, and says so at once on stderr (a sweep's
     launcher holds the traceback until the whole sweep ends)."""
     from specbench.components import spec_for
-    from specbench.engines import hf
+    from specbench.engines.hf import HfEngine
 
-    def boom(cfg, spec, pair):
+    def boom(self, cfg, inputs, spec, pair=None):  # the engine fails once it loads
         raise RuntimeError("llama_decode failed (1) on 1425 tokens")
-    monkeypatch.setattr(hf, "measure", boom)
+    monkeypatch.setattr(HfEngine, "open", boom)
     cfg = composed("model=tiny_llama", "data=gsm8k", "data.limit=1", f"runner.records_dir={tmp_path}")
     with pytest.raises(RuntimeError, match="llama_decode failed"):
         benchmark.run(cfg)

@@ -1,5 +1,5 @@
 """Every implementation of a declared interface against its protocol: the engine (engines/base.Engine), its run
-(engines/base.EngineRun), the runner's round backend (runner.Backend) and the language model the loops drive
+(engines/base.EngineRun), the runner's round backend (runner.RoundBackend) and the language model the loops drive
 (decoding/language_model.LanguageModel). A method the protocol declares must exist with the protocol's parameters
 (names and defaults, in order); an attribute must be a class attribute, a property, or assigned in ``__init__``."""
 from __future__ import annotations
@@ -19,7 +19,7 @@ from specbench.engines.loops import LoopBackend
 from specbench.engines.vllm import VllmEngine
 from specbench.engines.vllm_backend import VllmBackend, VllmRun
 from specbench.methods.swift_draft import SkipDraftLM
-from specbench.runner import Backend
+from specbench.runner import RoundBackend
 
 
 def members(protocol: type) -> tuple[dict, set]:
@@ -62,7 +62,7 @@ def violations(cls: type, protocol: type) -> list[str]:
 IMPLEMENTATIONS = [
     (Engine, HfEngine), (Engine, VllmEngine),
     (EngineRun, HfRun), (EngineRun, VllmRun),
-    (Backend, LoopBackend), (Backend, VllmBackend),
+    (RoundBackend, LoopBackend), (RoundBackend, VllmBackend),
     (LanguageModel, CachedLM), (LanguageModel, FeatureLM), (LanguageModel, StaticLM), (LanguageModel, SkipDraftLM),
 ]
 

@@ -3,7 +3,7 @@
 An **engine** (a conf/engine/ option; ``Engine`` below) says what it adds to a run's identity, checks everything
 that can be checked before a model loads or an engine starts, resolves the run's precision (also before anything
 loads: ``check_resolution`` compares it with the records already kept) and ``open``s a run: an ``EngineRun``, the
-engine's part of one benchmark — the round backend the runner times (runner.Backend), the losslessness check, the
+engine's part of one benchmark — the round backend the runner times (runner.RoundBackend), the losslessness check, the
 entries it decodes with, and what the summary says about how the run was measured.
 
 ``measure`` is everything else, the same for every engine: the inputs (components.run_inputs), the pairing mode
@@ -21,7 +21,7 @@ from omegaconf import DictConfig
 from ..components import RunInputs, check_resolution, pairing_mode, run_inputs
 from ..metrics import one_per_prompt
 from ..models.precision import Precision
-from ..runner import Backend, Entry, Runner, RunSpec
+from ..runner import Entry, RoundBackend, Runner, RunSpec
 from ..schema import RunRecord
 from ..summaries import finish
 
@@ -30,7 +30,7 @@ from ..summaries import finish
 class EngineRun(Protocol):
     """One benchmark's engine side, from ``Engine.open``: nothing is timed here (the runner times the backend)."""
 
-    backend: Backend      # what the runner drives: rounds of prompts, timing only the generations
+    backend: RoundBackend  # what the runner drives: rounds of prompts, timing only the generations
     lossless: Any         # classify(prompt, greedy_ids, method_ids) at temperature 0 (lossless.py), or None
     label: str            # how the tracker names the run after method@pair/data ("" or " (vllm, batch 4)")
 

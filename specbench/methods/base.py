@@ -129,19 +129,9 @@ def length_or_auto(value, key: str, meaning: str) -> int | None:
 
 
 def methods_for_backend(backend: str) -> list[str]:
-    """The ``method=`` names (conf/method/*.yaml) whose class runs on ``backend``."""
-    import yaml
-    from hydra.utils import get_object
+    """The ``method=`` names (conf/method/*.yaml) whose class (its own ``_target_`` or the one of the option it
+    extends) runs on ``backend``."""
+    from ..conf_dir import group_options, target_class
 
-    from ..conf_dir import CONF, group_options
-
-    names = []
-    for name in group_options("method"):
-        target = (yaml.safe_load((CONF / "method" / f"{name}.yaml").read_text()) or {}).get("_target_")
-        try:
-            cls = get_object(target) if target else None
-        except Exception:  # noqa: BLE001 - a config naming a class that does not import runs nowhere
-            cls = None
-        if isinstance(cls, type) and backend in getattr(cls, "backends", ()):
-            names.append(name)
-    return names
+    return [name for name in group_options("method")
+            if backend in getattr(target_class("method", name), "backends", ())]
