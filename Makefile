@@ -81,7 +81,7 @@ $(LLAMA_BUILT): pyproject.toml $(LOCK) | $(VENV_STAMP)
 
 $(LLAMA_STAMP): $(LLAMA_BUILT) $(STAMP)
 	$(PIP) --find-links $(LLAMA_WHEELS) $(call extra,llamacpp)
-	$(BIN)/python -c "from specbench.models.llamacpp import check_build; check_build()"
+	$(BIN)/python -c "from specbench.backends.llamacpp.context import check_build; check_build()"
 	touch $(LLAMA_STAMP)
 
 $(REF_STAMP): pyproject.toml $(LOCK) $(VLLM_STAMP)  # speculators imports packages vLLM brings

@@ -32,10 +32,10 @@ from .environment import available_cores, check_threads, environment
 from .errors import ConfigError, fail, require, positive_int
 from .lossless import LosslessCheck
 from .metrics import compare, fmt, matched_baseline, summarize
-from .models.backend import BACKENDS, backend_of_config
-from .models.execution import Execution, execution_of_config
-from .models.precision import precision_of_config
-from .report.console import render_table, speedup_text
+from .backends.choice import BACKENDS, backend_of_config
+from .backends.execution import Execution, execution_of_config
+from .backends.precision import precision_of_config
+from .console import render_table, speedup_text
 from .report.experiment import hydra_context
 from .engines.loops import LoopBackend
 from .runner import Entry, Runner, RunSpec, classify_record

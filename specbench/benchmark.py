@@ -12,8 +12,8 @@ from .components import engine_of, spec_for
 from .engines.base import measure
 from .config_check import check_settings
 from .errors import ConfigError, LosslessnessError, StorageError
-from .models.backend import fit_auto_backend
-from .records import write_json
+from .backends.choice import fit_auto_backend
+from .files import write_json
 
 
 def run(cfg: DictConfig, pair=None) -> dict:

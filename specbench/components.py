@@ -8,38 +8,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hydra.errors import InstantiationException
-from hydra.utils import get_object, instantiate
+from hydra.utils import get_object
 from omegaconf import DictConfig, OmegaConf
 
 from .environment import available_cores
 from .head_accounts import keep_head_accounts
-from .errors import ConfigError, require
-from .models.head_artifact import located, recorded_sha256
-from .models.execution import model_identity
+from .instantiate import build
+from .errors import ConfigError
+from .models.heads.artifact import located, recorded_sha256
+from .backends.execution import model_identity
 from .records import run_key
 from .retrieval.datastore import recorded_sha256 as datastore_sha256
 from .schema import SCHEMA_VERSION
 from .runner import RunSpec
 from .scoring.sandbox import protect_path
-
-
-def build(node: DictConfig, key: str, **kwargs):
-    """hydra.utils.instantiate, with our ConfigErrors surfaced and a bad _target_ named by its key.
-
-    ``kwargs`` (live objects such as the model pair) are passed to the target as they are, not merged
-    into the config (Hydra would turn a dataclass into a config node).
-    """
-    require(isinstance(node, DictConfig) and "_target_" in node, key, "must be a config with a _target_")
-    try:
-        return instantiate(node, _convert_="all", _partial_=True)(**kwargs)
-    except InstantiationException as exc:
-        cause = exc.__cause__
-        while cause is not None and not isinstance(cause, ConfigError):
-            cause = cause.__cause__
-        if cause is not None:
-            raise cause from None
-        raise ConfigError(f"{key}._target_: cannot build {node.get('_target_')!r}: {exc}") from exc
 
 
 def method_as_recorded(method: dict) -> dict:

@@ -37,10 +37,10 @@ from . import components
 from .config_types import Range, describe, problem
 from .environment import check_threads
 from .errors import ConfigError, require
-from .models.backend import backend_of_config
-from .models.execution import execution_of_config
-from .models.static_support import check_config_attention
-from .models.precision import precision_of_config
+from .backends.choice import backend_of_config
+from .backends.execution import execution_of_config
+from .backends.torch.static_support import check_config_attention
+from .backends.precision import precision_of_config
 
 
 @dataclass

@@ -19,7 +19,7 @@ import statistics
 from bisect import bisect_left
 from dataclasses import dataclass, field
 
-from .decoding.cached_lm import CachedLM
+from .backends.torch.cached_lm import CachedLM
 from .decoding.generation import ROLES
 from .timing import Stopwatch
 

@@ -95,7 +95,7 @@ def load_pair(target: Path, draft: Path, device: str, dtype: str, execution: str
 
 def logits_parity(target: Path, draft: Path, device: str, static_mode: str) -> dict:
     """fp32, TF32 off: the static (graphs) target's logits against the eager one's at each stage."""
-    from .models.execution import resolve_execution
+    from .backends.execution import resolve_execution
 
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
@@ -134,11 +134,11 @@ def logits_parity(target: Path, draft: Path, device: str, static_mode: str) -> d
 def host_reads(target: Path, draft: Path, device: str, static_mode: str, work: Path) -> dict:
     """Per method of step_costs (greedy, speculative, the EAGLE-2 trees; random weights, so one token per step) and
     speculative sampling at T = 1 (three reads per step by design: verify.verify_tree_sampling): host reads per step
-    by our counter (decoding/host_reads.py) and, on CUDA, the synchronizing operations torch reports, counted over
+    by our counter (backends/host_reads.py) and, on CUDA, the synchronizing operations torch reports, counted over
     one generation after a warm one."""
     from argparse import Namespace
 
-    from .decoding.host_reads import count_host_reads, cuda_syncs
+    from .backends.host_reads import count_host_reads, cuda_syncs
     from .methods.speculative import SpeculativeDecoding
     from .step_costs import methods_for, random_head_dir
 

@@ -22,7 +22,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from .models.head_artifact import CONFIG_FILE, HEAD_METHODS
+from .models.heads.artifact import CONFIG_FILE, HEAD_METHODS
 from .records import slug
 
 ACCOUNT_FILES = (CONFIG_FILE, "train.json", "data.json", "history.json", "evaluation.json")

@@ -13,7 +13,6 @@ import json
 import os
 import re
 import sys
-import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -110,25 +109,3 @@ def record_identity(record: dict) -> tuple:
     round it was paired in, every other run one per (prompt, repeat)."""
     paired_in = (record.get("pairing") or {}).get("round")
     return record.get("run_key"), record.get("prompt_id"), record.get("repeat"), paired_in
-
-
-def write_json(path: Path, payload: dict) -> None:
-    """Atomic write for derived files such as the run summary: a temporary file of its own in the same directory
-    (two processes writing one summary never share it), fsync'ed, then renamed over ``path``; removed on failure.
-    A write that fails (disk full) is a StorageError naming the file; the previous version stays as it was."""
-    path = Path(path)
-    text = json.dumps(payload, indent=2, default=str).encode()
-    tmp = None
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except OSError as exc:
-        if tmp is not None:
-            Path(tmp).unlink(missing_ok=True)
-        raise StorageError(f"cannot write {path} ({exc.strerror or exc}); its previous version, if any, is "
-                           "unchanged") from exc

@@ -3,7 +3,7 @@
 An engine gives the runner a **round backend** (``RoundBackend`` below): it prepares (untimed: caches sized, lengths
 tuned, warm-up) and generates one round's prompts for one entry, timing only the generation. Everything else happens
 here, outside the timed regions: scoring, the losslessness check, pairing stamps, writing, logging. engine=hf's
-backend (engines/loops.py) runs our decoding loops one prompt at a time; engine=vllm's (engines/vllm_backend.py)
+backend (engines/loops.py) runs our decoding loops one prompt at a time; engine=vllm's (engines/vllm_rounds.py)
 runs ``runner.batch_size`` prompts a round through a vLLM engine. One record per (prompt, repeat) is appended as
 soon as its round ends (records.py), so a crash loses no finished round and a re-run resumes.
 

@@ -33,9 +33,9 @@ import torch
 from .environment import device_name
 from .errors import ConfigError
 from .metrics import bootstrap_mean_ci
-from .models.execution import resolve_execution
+from .backends.execution import resolve_execution
 from .models.pair import ModelPair, prepare_for_inference
-from .models.precision import resolve_precision
+from .backends.precision import resolve_precision
 from .timing import Stopwatch
 
 # (name, top_k K, depth D, max_nodes): the default tree, EAGLE-2-like on a CPU budget, EAGLE-2's GPU tree
@@ -72,8 +72,8 @@ class IdsOnly:
 
 
 def random_head_dir(target_config, kind: str, draft_vocab: int, directory: Path) -> str:
-    from .models.draft_head import DraftHead, HeadConfig
-    from .models.head_artifact import save_head
+    from .models.heads.draft_head import DraftHead, HeadConfig
+    from .models.heads.artifact import save_head
 
     config = HeadConfig.for_target(target_config, kind, draft_vocab_size=draft_vocab)
     ids = torch.randperm(target_config.vocab_size, generator=torch.Generator().manual_seed(0))[:draft_vocab]

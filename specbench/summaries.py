@@ -7,8 +7,8 @@ from omegaconf import DictConfig
 from .costs import efficiency
 from .errors import LosslessnessError
 from .metrics import summarize
-from .report.console import render_headline, render_table
-from .records import write_json
+from .console import render_headline, render_table
+from .files import write_json
 from .runner import RunSpec
 
 

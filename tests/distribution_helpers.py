@@ -9,7 +9,7 @@ import torch
 from scipy.stats import chisquare
 
 from specbench.models.pair import ModelPair, prepare_for_inference
-from specbench.models.precision import resolve_precision
+from specbench.backends.precision import resolve_precision
 from specbench.models.tiny import perturbed_copy, tiny_model
 
 VOCAB, EOS = 6, 3

@@ -19,8 +19,8 @@ from types import SimpleNamespace
 import torch
 
 from specbench.decoding import loop
-from specbench.decoding.cached_lm import CachedLM
-from specbench.decoding.llamacpp_lm import LlamaCppLM
+from specbench.backends.torch.cached_lm import CachedLM
+from specbench.backends.llamacpp.lm import LlamaCppLM
 
 
 def is_target(lm) -> bool:

@@ -15,7 +15,7 @@ from specbench.methods.hf_assisted import HFAssisted
 from specbench.methods.lookahead import Lookahead
 from specbench.methods.speculative import SpeculativeDecoding
 from specbench.metrics import acceptance_by_position, accepted_per_step, summarize
-from specbench.report.console import alpha_text, render_headline
+from specbench.console import alpha_text, render_headline
 from specbench.report.figures import FIGURES, alpha_curve
 from specbench.engines.loops import LoopBackend
 from specbench.schema import TURN_FIELDS, RunRecord, TurnRecord, combine_turns

@@ -18,7 +18,8 @@ from specbench import benchmark, components, environment, records
 from specbench.config_check import ConfigOnlyPair, check_components, check_settings, construct
 from specbench.config_types import Range, problem
 from specbench.errors import ConfigError, StorageError, positive_int
-from specbench.records import RecordStore, write_json
+from specbench.files import write_json
+from specbench.records import RecordStore
 
 from .conftest import ROOT, run_cli
 from .limits import generous, wait_for

@@ -108,7 +108,7 @@ def test_each_forward_is_priced_with_the_rows_of_logits_it_kept():
 
 
 def test_cached_lms_record_the_rows_of_logits_each_forward_computed(tiny_llama):
-    from specbench.decoding.cached_lm import CachedLM
+    from specbench.backends.torch.cached_lm import CachedLM
     from specbench.methods.greedy import Greedy
 
     lm = CachedLM(tiny_llama.target)

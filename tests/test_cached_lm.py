@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from specbench.decoding.cached_lm import CachedLM
+from specbench.backends.torch.cached_lm import CachedLM
 
 
 def caches_close(a: CachedLM, b: CachedLM):

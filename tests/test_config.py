@@ -13,10 +13,10 @@ from specbench.cli import check_overrides
 from specbench.components import build, needs_draft_model, spec_for
 from specbench.config_check import check_components, check_settings
 from specbench.errors import ConfigError
-from specbench.models.head_artifact import located, save_head
-from specbench.models.draft_head import DraftHead, HeadConfig
-from specbench.models.head_names import head_location
-from specbench.models.medusa_heads import MedusaConfig, MedusaHeads, save_medusa
+from specbench.models.heads.artifact import located, save_head
+from specbench.models.heads.draft_head import DraftHead, HeadConfig
+from specbench.models.heads.names import head_location
+from specbench.models.heads.medusa import MedusaConfig, MedusaHeads, save_medusa
 from specbench.paper_tables import read_table
 from specbench.retrieval.datastore import tokenizer_identity
 from specbench.retrieval.datastore import write as write_datastore

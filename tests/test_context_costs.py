@@ -111,7 +111,7 @@ def test_run_bound_measures_a_second_table_after_the_longest_context_and_prices_
 
 
 def test_the_headline_says_where_the_tables_were_measured():
-    from specbench.report.console import render_headline
+    from specbench.console import render_headline
 
     bound = {"bound": 0.8, "efficiency": 0.95, "prompt_tokens": 47, "verify_ratio": {"k": 19, "ratio": 6.1}}
     assert "priced at its context" not in render_headline("m", {"speedup": 0.76, "bound": bound})

@@ -5,7 +5,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from specbench.decoding.cached_lm import CachedLM
+from specbench.backends.torch.cached_lm import CachedLM
 from specbench.methods.greedy import Greedy
 from specbench.methods.hf_assisted import HFAssisted
 from specbench.methods.lookahead import Lookahead

@@ -12,8 +12,8 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
-from specbench.decoding.cached_lm import CachedLM
-from specbench.models import cache_api
+from specbench.backends.torch.cached_lm import CachedLM
+from specbench.backends.torch import cache_api
 from specbench.models.layer_skip import LayerSkipModel
 
 from .conftest import ROOT

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from specbench.decoding.cached_lm import CachedLM, fit_vocabulary
+from specbench.backends.torch.cached_lm import CachedLM, fit_vocabulary
 from specbench.errors import ConfigError
 from specbench.methods.disco import DiscoClassifier, DiscoSL, disco_features
 from specbench.methods.greedy import Greedy

@@ -13,15 +13,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from specbench import benchmark
-from specbench.decoding.cached_lm import FeatureLM
+from specbench.backends.torch.cached_lm import FeatureLM
 from specbench.decoding.dynamic_tree import HeadTree
 from specbench.decoding.proposal import StepContext
 from specbench.decoding.sampling import Sampler
 from specbench.errors import ConfigError
 from specbench.methods.feature_head import FeatureHeadMethod
 from specbench.methods.greedy import Greedy
-from specbench.models.draft_head import DraftHead, HeadConfig, TargetParts, eagle3_layers
-from specbench.models.head_artifact import save_head
+from specbench.models.heads.draft_head import DraftHead, HeadConfig, TargetParts, eagle3_layers
+from specbench.models.heads.artifact import save_head
 from specbench.models.tiny import build_tiny_pair
 from specbench.training.heads.eagle3 import chain_accuracy, train_eagle3_stage, unrolled_loss
 from specbench.training.heads.pipeline import HeadPipeline
@@ -83,7 +83,7 @@ def test_the_tree_fuses_the_targets_features_with_fc3_as_they_arrive(tmp_path):
     tree.observe(SimpleNamespace(features=states))  # a Step: observe reads its features
     assert torch.allclose(tree.features, head.layer_fc(states), atol=1e-6)
     if torch.backends.mkldnn.is_available():  # the pair's oneDNN-packed kernel (bf16 on AVX-512 CPUs) keeps no weight
-        from specbench.models.cpu_linear import pack_linears
+        from specbench.backends.torch.cpu_linear import pack_linears
         packed = DraftHead(head.cfg)
         packed.load_state_dict(head.state_dict())
         pack_linears(packed)
@@ -244,7 +244,7 @@ def test_heads_for_another_target_or_kind_and_published_ids_are_refused(tmp_path
 def test_a_static_target_taps_the_same_layers_inside_its_forward_and_eagle3_equals_greedy(tmp_path):
     """Static/graphs execution: the layer taps are part of the static forward (captured with it in graphs), in a
     static cache of their own; the features equal the eager FeatureLM's and EAGLE-3 decodes exactly greedy."""
-    from specbench.models.execution import resolve_execution
+    from specbench.backends.execution import resolve_execution
 
     eager = tiny_pair(4)
     static = eager.with_execution(resolve_execution("static", TEST_DEVICE))

@@ -10,7 +10,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from specbench.decoding.cached_lm import CachedLM, FeatureLM
+from specbench.backends.torch.cached_lm import CachedLM, FeatureLM
 from specbench.decoding.dynamic_tree import HeadTree
 from specbench.decoding.proposal import StepContext
 from specbench.decoding.rank_tree import parse_tree
@@ -19,8 +19,8 @@ from specbench.errors import ConfigError
 from specbench.lossless import NEAR_TIE, LosslessCheck
 from specbench.methods.feature_head import FeatureHeadMethod
 from specbench.methods.greedy import Greedy
-from specbench.models.draft_head import DraftHead, HeadCache, HeadConfig, TargetParts, stream_mask
-from specbench.models.head_artifact import load_head, save_head
+from specbench.models.heads.draft_head import DraftHead, HeadCache, HeadConfig, TargetParts, stream_mask
+from specbench.models.heads.artifact import load_head, save_head
 from specbench.models.tiny import build_tiny_pair
 
 from .conftest import TEST_DEVICE
@@ -101,7 +101,7 @@ def test_target_features_are_the_final_norm_hidden_states_and_logits_are_lm_head
 # -- the dynamic tree ------------------------------------------------------------------------------------------------
 
 def proposer(pair, directory, kind="eagle", top_k=3, depth=3, max_nodes=8, template=None, **options):
-    from specbench.models.head_artifact import load_local
+    from specbench.models.heads.artifact import load_local
     artifact = load_local(random_head(pair, kind, directory, **options))
     parts = TargetParts.of(pair.target, artifact.draft_ids)
     return HeadTree(artifact.build(device=pair.device), parts, top_k, depth, max_nodes, template=template)

@@ -10,7 +10,7 @@ import torch
 from specbench import costs
 from specbench.methods.greedy import Greedy
 from specbench.methods.speculative import SpeculativeDecoding
-from specbench.report.console import render_headline
+from specbench.console import render_headline
 from specbench.schema import RunRecord, TurnRecord, combine_turns
 from specbench.timing import ForwardClock
 

@@ -6,7 +6,7 @@ import json
 from types import SimpleNamespace
 
 from specbench.head_accounts import account_dir, keep_head_accounts, read_account, recorded_heads
-from specbench.models.head_artifact import FEATURE_HEAD_METHOD, MEDUSA_METHOD
+from specbench.models.heads.artifact import FEATURE_HEAD_METHOD, MEDUSA_METHOD
 from specbench.report.heads import HEADER, account_row, heads_rows, top1_text
 
 

@@ -12,10 +12,10 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from specbench import benchmark
-from specbench.decoding.cached_lm import FeatureLM
+from specbench.backends.torch.cached_lm import FeatureLM
 from specbench.errors import ConfigError
 from specbench.head_accounts import read_account
-from specbench.models.draft_head import DraftHead, HeadConfig, TargetParts
+from specbench.models.heads.draft_head import DraftHead, HeadConfig, TargetParts
 from specbench.models.tiny import build_tiny_pair
 from specbench.training.heads.extract import (answer_eos, extract, generate_with_features, load_sequences,
                                               prefill_with_features, with_answer)
@@ -390,7 +390,7 @@ def test_training_flushes_denormals_and_restores_the_setting():
 
 @pytest.mark.parametrize("kind", ["medusa", "hydra"])
 def test_medusa_training_lowers_the_loss_of_every_head(tmp_path, kind):
-    from specbench.models.medusa_heads import MedusaConfig, MedusaHeads
+    from specbench.models.heads.medusa import MedusaConfig, MedusaHeads
     from specbench.training.heads.medusa import medusa_batches, medusa_loss, train_medusa_stage
 
     sequences = tiny_data(tmp_path / "data")

@@ -1,12 +1,12 @@
-"""Device-to-host reads per decoding step (decoding/host_reads.py), counted on a CPU: what a GPU run would sync on.
+"""Device-to-host reads per decoding step (backends/host_reads.py), counted on a CPU: what a GPU run would sync on.
 The losslessness evidence (each token's top-K row) stays on the device during the step and is read after the
 clocks stop: greedy reads once per token (its argmax), as a fast greedy loop does."""
 import pytest
 import torch
 
 from specbench.decoding.evidence import TokenEvidence, evidence_of
-from specbench.decoding.host_reads import count_host_reads
-from specbench.decoding.staging import rows_at
+from specbench.backends.host_reads import count_host_reads
+from specbench.backends.staging import rows_at
 from specbench.methods.feature_head import FeatureHeadMethod
 from specbench.methods.greedy import Greedy
 from specbench.methods.medusa import MedusaMethod

@@ -10,14 +10,14 @@ from typing import Protocol
 
 import pytest
 
-from specbench.decoding.cached_lm import CachedLM, FeatureLM
-from specbench.decoding.language_model import LanguageModel
-from specbench.decoding.static_lm import StaticLM
+from specbench.backends.torch.cached_lm import CachedLM, FeatureLM
+from specbench.backends.language_model import LanguageModel
+from specbench.backends.torch.static_lm import StaticLM
 from specbench.engines.base import Engine, EngineRun
 from specbench.engines.hf import HfEngine, HfRun
 from specbench.engines.loops import LoopBackend
 from specbench.engines.vllm import VllmEngine
-from specbench.engines.vllm_backend import VllmBackend, VllmRun
+from specbench.engines.vllm_rounds import VllmBackend, VllmRun
 from specbench.methods.swift_draft import SkipDraftLM
 from specbench.runner import RoundBackend
 
@@ -74,7 +74,7 @@ def test_each_implementation_has_its_interface(protocol, cls):
 
 def test_llamacpp_language_model_has_the_interface():
     pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (make llamacpp)")
-    from specbench.decoding.llamacpp_lm import LlamaCppLM
+    from specbench.backends.llamacpp.lm import LlamaCppLM
 
     assert violations(LlamaCppLM, LanguageModel) == []
 

@@ -1,4 +1,4 @@
-"""``model.backend: llamacpp``: a CachedLM over llama.cpp contexts (decoding/llamacpp_lm.py) on a tiny random GGUF
+"""``model.backend: llamacpp``: a CachedLM over llama.cpp contexts (backends/llamacpp/lm.py) on a tiny random GGUF
 pair written in-process (models/tiny_gguf.py: tiny_llama's weights). Checked against transformers on the very same
 weights, against its own one-token path (trees, cached-tree growth, commits, crops), every method on the one loop
 against the same backend's greedy (no MISMATCH: identical, or a near-tie within llama.cpp's measured noise), the
@@ -21,7 +21,7 @@ from .loop_methods import loop_methods
 
 pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (make llamacpp)")
 
-from specbench.decoding.llamacpp_lm import LlamaCppLM, trunk_length  # noqa: E402
+from specbench.backends.llamacpp.lm import LlamaCppLM, trunk_length  # noqa: E402
 from specbench.models.gguf_pair import build_tiny_gguf_pair  # noqa: E402
 
 PAIRS: dict = {}
@@ -231,7 +231,7 @@ def test_auto_runs_a_method_llamacpp_cannot_run_on_transformers_and_says_why(tmp
 def test_without_the_package_the_error_says_how_to_install(monkeypatch):
     import sys
 
-    from specbench.models.backend import resolve_backend
+    from specbench.backends.choice import resolve_backend
 
     monkeypatch.setitem(sys.modules, "llama_cpp", None)  # import llama_cpp now raises ImportError
     with pytest.raises(ConfigError, match="make llamacpp"):
@@ -244,8 +244,8 @@ def test_a_build_with_ggmls_amx_kernels_is_refused_before_any_model_loads(monkey
     import sys
     from types import SimpleNamespace
 
-    from specbench.models.backend import resolve_backend
-    from specbench.models.llamacpp import build_problem
+    from specbench.backends.choice import resolve_backend
+    from specbench.backends.llamacpp.context import build_problem
 
     info = "CPU : AVX2 = 1 | AVX512 = 1 | AVX512_BF16 = 1 | AMX_INT8 = 1 | REPACK = 1 | "
     assert "AMX" in build_problem(info) and build_problem(info.replace("AMX_INT8 = 1 | ", "")) is None
@@ -258,7 +258,7 @@ def test_a_build_with_ggmls_amx_kernels_is_refused_before_any_model_loads(monkey
 
 
 def test_run_keys_name_llamacpp_and_keep_transformers_keys():
-    from specbench.models.execution import model_identity
+    from specbench.backends.execution import model_identity
 
     base = {"_target_": "specbench.models.embedded.load_embedded_pair", "name": "e", "dtype": "auto"}
     assert "backend" not in model_identity({**base, "backend": "transformers", "flash_attn": False})

@@ -4,9 +4,9 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from specbench.decoding.cached_lm import CachedLM
+from specbench.backends.torch.cached_lm import CachedLM
 from specbench.decoding.ngram_pool import NGramPool
-from specbench.decoding.token_tree import ancestors_mask, depths, path_to, tree_inputs
+from specbench.backends.token_tree import ancestors_mask, depths, path_to, tree_inputs
 from specbench.decoding.verify import verify_tree_argmax
 from specbench.errors import ConfigError
 from specbench.decoding.proposal import Proposal

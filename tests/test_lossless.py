@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from specbench.decoding.cached_lm import CachedLM
+from specbench.backends.torch.cached_lm import CachedLM
 from specbench.decoding.evidence import TokenEvidence, evidence_of
 from specbench.decoding.generation import Generation, finalize_tokens, is_finished
 from specbench.lossless import (MISMATCH, NEAR_TIE, TOLERANCE_FACTOR, LosslessCheck, NoiseProfile, measure_noise,

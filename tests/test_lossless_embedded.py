@@ -7,7 +7,7 @@ import torch
 from specbench.lossless import MISMATCH
 from specbench.methods.prompt_lookup import PromptLookup
 from specbench.methods.speculative import SpeculativeDecoding
-from specbench.models.precision import native_bf16
+from specbench.backends.precision import native_bf16
 
 from .planted_bugs import verdicts
 

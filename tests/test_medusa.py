@@ -17,9 +17,9 @@ from specbench.errors import ConfigError
 from specbench.methods.feature_head import FeatureHeadMethod
 from specbench.methods.greedy import Greedy
 from specbench.methods.medusa import MedusaMethod, MedusaTree
-from specbench.models.draft_head import DraftHead, HeadConfig
-from specbench.models.head_artifact import save_head
-from specbench.models.medusa_heads import (MedusaConfig, MedusaHeads, load_medusa, published_hydra, published_medusa,
+from specbench.models.heads.draft_head import DraftHead, HeadConfig
+from specbench.models.heads.artifact import save_head
+from specbench.models.heads.medusa import (MedusaConfig, MedusaHeads, load_medusa, published_hydra, published_medusa,
                                            save_medusa)
 from specbench.models.tiny import build_tiny_pair
 

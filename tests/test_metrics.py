@@ -16,7 +16,7 @@ from specbench.metrics import (acceptance_rate, bootstrap_mean_ci, by_prompt, co
                                partners_of, rate, reference_of, summarize, t_975, tau, tau_decoding,
                                verdict_of)
 from specbench.schema import RunRecord, TurnRecord
-from specbench.report.console import identity_text, render_headline, render_table, speedup_text
+from specbench.console import identity_text, render_headline, render_table, speedup_text
 
 GREEDY_IDS = (1, 2, 3)
 

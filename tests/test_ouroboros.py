@@ -5,7 +5,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from specbench.decoding.cached_lm import CachedLM
+from specbench.backends.torch.cached_lm import CachedLM
 from specbench.decoding.jacobi import JacobiWindow, lookahead_step
 from specbench.decoding.loop import verify_step
 from specbench.decoding.ngram_pool import NGramPool

@@ -6,9 +6,9 @@ import torch.nn.functional as F
 from specbench.errors import ConfigError
 from specbench.methods.greedy import Greedy
 from specbench.methods.speculative import SpeculativeDecoding
-from specbench.models import precision as precision_module
-from specbench.models.cpu_linear import PackedLinear, pack_linears
-from specbench.models.precision import resolve_precision
+from specbench.backends import precision as precision_module
+from specbench.backends.torch.cpu_linear import PackedLinear, pack_linears
+from specbench.backends.precision import resolve_precision
 from specbench.models.tiny import build_tiny_pair
 
 
@@ -63,7 +63,7 @@ def test_packed_linear_matches_torch_up_to_bf16_rounding():
 
 @needs_packed_linear
 def test_a_packed_linears_weight_reads_back_exactly_without_its_bias():
-    from specbench.models.draft_head import linear_weight
+    from specbench.models.heads.draft_head import linear_weight
     torch.manual_seed(0)
     linear = torch.nn.Linear(64, 48).to(torch.bfloat16)
     torch.nn.init.normal_(linear.bias, std=1.0)

@@ -42,7 +42,7 @@ def config(experiment: str, records_dir, *overrides):
 
 def record(spec, index: int, latency: float, end: float, round_id: str, ids: list[int], steps: dict,
            batch: dict | None) -> dict:
-    """One request's record as engines/vllm_backend.py (batch set) or runner.py (batch None) writes it."""
+    """One request's record as engines/vllm_rounds.py (batch set) or runner.py (batch None) writes it."""
     env = {"hostname": "test-host", "device_name": "test device", "torch_threads": 1, "threads": 1,
            "precision": {"dtype": "bfloat16"}, **({"engine": VLLM["engine"]} if batch else {})}
     out = {"schema": SCHEMA_VERSION, "run_key": spec.key, "method": spec.method, "pair": spec.pair,

@@ -14,12 +14,12 @@ from omegaconf import OmegaConf
 from specbench.components import build, method_as_recorded, needs_draft_model
 from specbench.config_check import check_components
 from specbench.decoding import loop
-from specbench.decoding.cached_lm import CachedLM
+from specbench.backends.torch.cached_lm import CachedLM
 from specbench.decoding.proposal import Proposal, StepContext
 from specbench.decoding.sampling import Sampler
 from specbench.decoding.suffix_automaton import Match, SuffixAutomaton
 from specbench.errors import ConfigError
-from specbench.models.head_names import head_location
+from specbench.models.heads.names import head_location
 from specbench.methods.feature_head import FeatureHeadMethod
 from specbench.methods.sam_decoding import SamDecoding, SamProposer
 from specbench.methods.sl_policies import HeuristicSL

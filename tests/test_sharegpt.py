@@ -5,7 +5,7 @@ import json
 import pytest
 
 from specbench.errors import ConfigError
-from specbench.training.heads.sharegpt import Contamination, conversations, training_conversations
+from specbench.data.sharegpt import Contamination, conversations, training_conversations
 
 
 def training_prompts(*args, **kwargs) -> list[str]:

@@ -9,11 +9,11 @@ from hypothesis import strategies as st
 from omegaconf import OmegaConf
 
 from specbench.config_check import ConfigOnlyPair, construct
-from specbench.decoding.cached_lm import CachedLM
+from specbench.backends.torch.cached_lm import CachedLM
 from specbench.decoding.loop import verify_step
 from specbench.decoding.proposal import StepContext
 from specbench.decoding.sampling import Sampler
-from specbench.decoding.token_tree import path_to, tree_inputs
+from specbench.backends.token_tree import path_to, tree_inputs
 from specbench.errors import ConfigError
 from specbench.methods.specinfer import DraftTree, SpecInfer
 

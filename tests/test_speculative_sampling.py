@@ -12,7 +12,7 @@ rejection threshold p < 1e-3 is the false-failure rate each would have under a c
 import pytest
 import torch
 
-from specbench.decoding.cached_lm import CachedLM
+from specbench.backends.torch.cached_lm import CachedLM
 from specbench.decoding.sampling import Sampler
 from specbench.decoding import loop
 from specbench.methods.speculative import SpeculativeDecoding

@@ -1,4 +1,4 @@
-"""EAGLE-3 heads in the speculators format (models/speculators_format.py), the one vLLM reads: a head written here
+"""EAGLE-3 heads in the speculators format (models/heads/speculators_format.py), the one vLLM reads: a head written here
 loads back identical and drafts greedy's output; the reference, the ``speculators`` package's own Eagle3DraftModel
 (installed by make install), loads what we write and ranks the same draft tokens as our head at every position;
 layouts this head cannot be are refused by name."""
@@ -14,9 +14,9 @@ import torch
 from specbench.errors import ConfigError
 from specbench.methods.feature_head import FeatureHeadMethod
 from specbench.methods.greedy import Greedy
-from specbench.models.draft_head import DraftHead, HeadConfig, TargetParts
-from specbench.models.head_artifact import load_head, save_head
-from specbench.models.speculators_format import save_speculators
+from specbench.models.heads.draft_head import DraftHead, HeadConfig, TargetParts
+from specbench.models.heads.artifact import load_head, save_head
+from specbench.models.heads.speculators_format import save_speculators
 from specbench.models.tiny import build_tiny_pair
 
 from .conftest import TEST_DEVICE

@@ -10,7 +10,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from specbench.decoding.static_lm import StaticLM, StaticModel
+from specbench.backends.torch.static_lm import StaticLM, StaticModel
 from specbench.errors import ConfigError
 from specbench.methods.feature_head import FeatureHeadMethod
 from specbench.methods.greedy import Greedy
@@ -20,7 +20,7 @@ from specbench.methods.sam_decoding import SamDecoding
 from specbench.methods.sl_policies import HeuristicSL
 from specbench.methods.specinfer import SpecInfer
 from specbench.methods.speculative import SpeculativeDecoding
-from specbench.models.execution import resolve_execution
+from specbench.backends.execution import resolve_execution
 from specbench.models.tiny import build_tiny_pair
 
 from .conftest import TEST_DEVICE
@@ -194,7 +194,7 @@ def test_a_failed_capture_names_the_forward_and_leaves_no_half_captured_buckets(
 
 
 def test_a_graphed_call_replays_on_the_newest_arguments():
-    from specbench.decoding.graphs import GraphedCall
+    from specbench.backends.torch.graphs import GraphedCall
 
     calls: list = []
     call = GraphedCall(lambda x, y: (x * y).sum(), rerun_capture(calls))
@@ -286,7 +286,7 @@ def test_a_model_a_static_cache_cannot_run_is_refused_before_its_weights_load(tm
     from transformers import AutoConfig
 
     from specbench.models.hub import load_hub_pair
-    from specbench.models.static_support import static_problems
+    from specbench.backends.torch.static_support import static_problems
 
     model_type = config.pop("model_type", "llama")
     hf_config = AutoConfig.for_model(model_type, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
@@ -357,7 +357,7 @@ def test_every_method_equals_static_greedy_and_eager_greedy(case, heads):
 def test_graphs_bookkeeping_with_a_stand_in_capture(heads, monkeypatch):
     """The graphs path on the CPU: every bucket 'captured' before the first forward, replays reading only static
     inputs, nothing captured again across generations; outputs identical to greedy."""
-    import specbench.decoding.static_lm as static_lm
+    import specbench.backends.torch.static_lm as static_lm
 
     calls: list = []
     monkeypatch.setattr(static_lm, "cuda_capture", rerun_capture(calls))

@@ -12,7 +12,7 @@ from transformers import LlamaForCausalLM
 from transformers.cache_utils import DynamicCache
 
 from specbench.config_check import ConfigOnlyPair
-from specbench.decoding.cached_lm import CachedLM
+from specbench.backends.torch.cached_lm import CachedLM
 from specbench.decoding.loop import speculative_generate
 from specbench.errors import ConfigError
 from specbench.methods.base import NoTimeline
@@ -22,7 +22,7 @@ from specbench.methods.swift_draft import SkipDraftLM, SwiftProposer, tree_width
 from specbench.methods.swift_search import SkipSet
 from specbench.models.layer_skip import LayerSkipModel
 from specbench.models.pair import ModelPair, prepare_for_inference
-from specbench.models.precision import resolve_precision
+from specbench.backends.precision import resolve_precision
 from specbench.models.tiny import build_tiny_pair, tiny_model
 
 from .distribution_helpers import one_thread  # noqa: F401  (autouse fixture: one torch thread)

@@ -30,7 +30,7 @@ import torch
 from specbench.decoding import loop
 from specbench.decoding.proposal import Proposal
 from specbench.decoding.sampling import Sampler
-from specbench.decoding.token_tree import depths
+from specbench.backends.token_tree import depths
 from specbench.decoding.verify import verify_tree_sampling
 from specbench.methods.lookahead import Lookahead
 from specbench.methods.ouroboros import Ouroboros

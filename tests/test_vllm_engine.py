@@ -84,7 +84,7 @@ def test_vllm_draft_model_on_the_embedded_pair(tmp_path):
     from specbench.engines.vllm_methods import ModelFiles
     from specbench.errors import ConfigError
     from specbench.models.embedded import DRAFT, TARGET, cache_root, converted_dir
-    from specbench.models.precision import resolve_precision
+    from specbench.backends.precision import resolve_precision
 
     dtype = resolve_precision("auto", "cpu").dtype
     target, draft = (str(converted_dir(spec, dtype, cache_root())) for spec in (TARGET, DRAFT))

@@ -29,12 +29,12 @@ from __future__ import annotations
 
 import torch
 
-from ..models.draft_head import DraftHead, TargetParts
+from ..models.heads.draft_head import DraftHead, TargetParts
 from .generation import ForwardLog
-from .head_runner import EagerHeadRunner
+from ..models.heads.runner import EagerHeadRunner
 from .proposal import Proposal, Step, StepContext
 from .rank_tree import by_depth
-from .staging import read_scores_and_ids
+from ..backends.staging import read_scores_and_ids
 
 
 class HeadTree:
@@ -44,8 +44,8 @@ class HeadTree:
 
     def __init__(self, head, parts: TargetParts, top_k: int, depth: int, max_nodes: int, fuse=None,
                  template: list[list[int]] | None = None):
-        """head: a head runner (head_runner.py: the head's forwards in the pair's execution mode), or a DraftHead
-        (run eagerly). fuse: (n, F) target features -> (n, H) what the head reads (EAGLE-3's fc3,
+        """head: a head runner (models/heads/runner.py: the head's forwards in the pair's execution mode), or a
+        DraftHead (run eagerly). fuse: (n, F) target features -> (n, H) what the head reads (EAGLE-3's fc3,
         ``DraftHead.fuse_layers``); None: a DraftHead's own, else the features as they are. template: EAGLE-1's
         static tree (rank paths in BFS order, rank_tree.parse_tree); None: EAGLE-2's dynamic tree."""
         # EAGLE-1's template by depth (levels[d-1]: its paths of length d) and the paths that have children

@@ -21,7 +21,7 @@ from __future__ import annotations
 import random
 from typing import Sequence
 
-from .cached_lm import CachedLM
+from ..backends.torch.cached_lm import CachedLM
 from .loop import verify_step
 from .ngram_pool import NGramPool
 from .proposal import Proposal, Step, StepContext

@@ -10,12 +10,12 @@ from typing import Sequence
 
 import torch
 
-from .cached_lm import CachedLM
+from ..backends.torch.cached_lm import CachedLM
 from .evidence import evidence_of
 from .generation import Generation, finalize_tokens, is_finished
 from .proposal import Proposal, Proposer, Step, StepContext
 from .sampling import Sampler
-from .staging import joined_ids, rows_at
+from ..backends.staging import joined_ids, rows_at
 from .verify import verify_tree_argmax, verify_tree_sampling
 
 

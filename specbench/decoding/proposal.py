@@ -23,7 +23,7 @@ from typing import Protocol, Sequence
 import torch
 
 from .sampling import Sampler
-from .token_tree import depths
+from ..backends.token_tree import depths
 
 
 @dataclass

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from .host_reads import host_value
+from ..backends.host_reads import host_value
 
 
 class Sampler:

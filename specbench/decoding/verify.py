@@ -12,7 +12,7 @@ from typing import Sequence
 import torch
 
 from .sampling import Sampler
-from .staging import ids_on
+from ..backends.staging import ids_on
 
 
 def verify_tree_sampling(proposal, target_probs: torch.Tensor, sampler: Sampler) -> tuple[list[int], int]:

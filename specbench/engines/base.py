@@ -20,7 +20,7 @@ from omegaconf import DictConfig
 
 from ..components import RunInputs, check_resolution, pairing_mode, run_inputs
 from ..metrics import one_per_prompt
-from ..models.precision import Precision
+from ..backends.precision import Precision
 from ..runner import Entry, RoundBackend, Runner, RunSpec
 from ..schema import RunRecord
 from ..summaries import finish

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from ..errors import ConfigError
 from ..models.pair import encode_prompt, eos_ids_of
-from ..models.precision import precision_of_config
+from ..backends.precision import precision_of_config
 from .vllm_methods import ModelFiles
 
 
@@ -31,7 +31,7 @@ def hub_files(model: dict, dtype: str) -> ModelFiles:
 
 def tiny_files(model: dict, dtype: str) -> ModelFiles:
     """The tiny random pair engine=hf builds, saved as two checkpoints with its byte tokenizer."""
-    from ..models.files import cache_root, publish, staging_path
+    from ..files import cache_root, publish, staging_path
     from ..models.tiny import build_tiny_pair
 
     settings = {k: v for k, v in model.items() if k not in ("_target_", "device", "linear_kernel")}

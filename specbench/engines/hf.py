@@ -14,8 +14,8 @@ from ..cost_tables import CostTableStore, cost_table_identity
 from ..costs import run_bound
 from ..errors import require
 from ..lossless import LosslessCheck
-from ..models.files import cache_root
-from ..models.precision import precision_of_config
+from ..files import cache_root
+from ..backends.precision import precision_of_config
 from ..runner import Entry, RunSpec
 from .loops import LoopBackend
 
@@ -28,9 +28,9 @@ class HfEngine:
 
     def identity(self, cfg: DictConfig) -> dict | None:
         """What this engine adds to a run's identity: how the forwards execute where that is not eager (a static
-        cache, CUDA graphs: models/execution.py); nothing otherwise (runs measured before engines and execution
+        cache, CUDA graphs: backends/execution.py); nothing otherwise (runs measured before engines and execution
         modes existed keep their keys and resume)."""
-        from ..models.execution import execution_identity
+        from ..backends.execution import execution_identity
 
         return execution_identity(cfg.model)
 

@@ -2,7 +2,7 @@
 
 Two engines are started on the same weights: the baseline (no speculation) and the method's (its
 ``speculative_config``, engines/vllm_methods.py); a benchmark of the baseline alone starts one. Every round
-times one batch of ``runner.batch_size`` prompts on both, back to back, the order rotated (vllm_backend.py).
+times one batch of ``runner.batch_size`` prompts on both, back to back, the order rotated (engines/vllm_rounds.py).
 Checked before anything starts: vLLM installed, the method's mapping, the engine's own keys (``options`` against
 vLLM's EngineArgs), and that the CPU KV cache asked for fits in free memory; once the files are located, before
 any engine starts, that the weights and KV caches of the engines fit too (check_weights_memory).
@@ -263,12 +263,12 @@ class VllmEngine:
 
     def precision(self, cfg: DictConfig):
         """What this run computes in: the resolved dtype of the pair's files (before any engine starts)."""
-        from ..models.precision import Precision
+        from ..backends.precision import Precision
 
         return Precision(requested=str(cfg.model.get("dtype", "auto")), dtype=self.resolved_dtype(self.files(cfg)),
                          reason=f"vLLM {self.version}", linear_kernel="vllm", device=self.resolved_device())
 
     def open(self, cfg: DictConfig, inputs, spec, pair=None):
-        from .vllm_backend import VllmRun
+        from .vllm_rounds import VllmRun
 
         return VllmRun(self, cfg, inputs, spec)

@@ -22,7 +22,7 @@ from dataclasses import asdict
 from ..lossless import (CALIBRATION_TEXTS, IDENTICAL, MISMATCH, NEAR_TIE, NOISE_VERSION,
                         TOLERANCE_FACTOR, NoiseProfile, first_difference, output_of)
 from ..lossless_rows import PAIR_RANKS
-from ..records import write_json
+from ..files import write_json
 
 TOP = 20  # logprobs per position compared (vLLM's default max_logprobs)
 
@@ -65,7 +65,7 @@ class VllmLosslessCheck:
     @property
     def profile(self) -> NoiseProfile:
         if self._profile is None:
-            from ..models.files import cache_root
+            from ..files import cache_root
 
             identity = {**self.identity, "noise_version": NOISE_VERSION}
             digest = hashlib.sha1(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:16]

@@ -80,7 +80,7 @@ def published_head(method: dict, kinds: tuple[str, ...], other: str, example: st
     kind vLLM lacks (``other``: what to say) is refused."""
     from pathlib import Path
 
-    from ..models.head_artifact import CONFIG_FILE, located
+    from ..models.heads.artifact import CONFIG_FILE, located
 
     name = method.get("kind", kinds[0])
     require(name in kinds, "method.kind", other)

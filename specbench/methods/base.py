@@ -13,7 +13,7 @@ from ..decoding.loop import speculative_generate
 from ..decoding.proposal import Proposer
 from ..decoding.sampling import Sampler
 from ..errors import ConfigError, require
-from ..models.execution import EAGER, check_blocks
+from ..backends.execution import EAGER, check_blocks
 from ..models.pair import ModelPair
 
 
@@ -39,7 +39,7 @@ class DecodingMethod:
     stand-in pair that has only those (config_check.ConfigOnlyPair; reading more ends that early build there)."""
 
     needs_draft = False
-    backends = ("transformers", "llamacpp")  # model.backend values it runs on (models/backend.py)
+    backends = ("transformers", "llamacpp")  # model.backend values it runs on (backends/choice.py)
 
     def __init__(self, pair: ModelPair, name: str, temperature: float = 0.0, top_p: float = 1.0, seed: int = 0):
         backend = getattr(pair, "backend", "transformers")

@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from ..errors import ConfigError, require
-from ..decoding.graphs import GraphedCall
+from ..backends.torch.graphs import GraphedCall
 from ..errors import positive_int
 from .sl_policies import StaticSL
 
@@ -132,7 +132,7 @@ class DiscoSL(StaticSL):
         if self.classifier.mean.device != draft_logits.device:  # loaded on the CPU; the draft may be on a GPU
             self.classifier.to(draft_logits.device)
         if self.graphs and self.confidence.capture is None and draft_logits.device.type == "cuda":
-            from ..decoding.graphs import cuda_capture
+            from ..backends.torch.graphs import cuda_capture
 
             self.confidence = GraphedCall(self._confidence, cuda_capture)
         # the feature i: d_i's place in the generated output, as in extraction

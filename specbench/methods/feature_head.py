@@ -1,12 +1,12 @@
 """``method=eagle`` / ``griffin`` / ``eagle3``: a feature-level draft head (EAGLE's, GRIFFIN's or EAGLE-3's,
-models/draft_head.py)
+models/heads/draft_head.py)
 drafting EAGLE-2 dynamic trees (decoding/dynamic_tree.py) that the target verifies on the shared loop; with
 ``method.tree`` (rank paths or per-depth widths) the static tree of EAGLE-1 instead (``method=eagle1``).
 
 The target runs as a FeatureLM (its forwards also keep its last hidden states, the features the head reads).
 No draft model: ``model`` may be a pair without one. The head comes from ``method.head``: the name of a head
 ``python -m specbench.training.heads`` trained (our EAGLE / GRIFFIN heads, under ``method.heads_dir``:
-models/head_names.py), a directory, or a published EAGLE-format head's Hugging Face id; a head made for another
+models/heads/names.py), a directory, or a published EAGLE-format head's Hugging Face id; a head made for another
 target (hidden size or vocabulary) is refused when the pair loads, a missing one before.
 
 EAGLE-3 (kind eagle3) reads the inputs of three of the target's decoder layers instead of its last hidden state
@@ -15,13 +15,13 @@ EAGLE-3 (kind eagle3) reads the inputs of three of the target's decoder layers i
 from __future__ import annotations
 
 from ..decoding.dynamic_tree import HeadTree
-from ..decoding.head_runner import EagerHeadRunner, HeadCostProbe, StaticHead, StaticHeadRunner
+from ..models.heads.runner import EagerHeadRunner, HeadCostProbe, StaticHead, StaticHeadRunner
 from ..decoding.loop import speculative_generate
 from ..decoding.rank_tree import parse_tree
 from ..errors import require
-from ..models.cpu_linear import apply_linear_kernel
-from ..models.draft_head import KINDS, HeadConfig, TargetParts, eagle3_layers
-from ..models.head_artifact import head_source, load_head
+from ..backends.torch.cpu_linear import apply_linear_kernel
+from ..models.heads.draft_head import KINDS, HeadConfig, TargetParts, eagle3_layers
+from ..models.heads.artifact import head_source, load_head
 from ..errors import positive_int
 from .base import NoTimeline, ProposerMethod
 
@@ -76,7 +76,7 @@ class FeatureHeadMethod(ProposerMethod):
                         fuse=self.head.fuse_layers, template=self.template)
 
     def head_runner(self):
-        """The head's forwards in the pair's execution mode (decoding/head_runner.py)."""
+        """The head's forwards in the pair's execution mode (models/heads/runner.py)."""
         if not self.pair.execution.static:
             return EagerHeadRunner(self.head, self.parts)
         static = self.pair.static_for(f"head:{self.name}:{id(self.head)}", lambda **settings: StaticHead(

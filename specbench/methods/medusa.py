@@ -1,5 +1,5 @@
 """``method=medusa`` / ``method=hydra``: K decoding heads on the target's last hidden state (Medusa, Cai et al. 2024;
-Hydra, Ankner et al. 2024; the heads: models/medusa_heads.py) drafting a candidate tree the target verifies in one
+Hydra, Ankner et al. 2024; the heads: models/heads/medusa.py) drafting a candidate tree the target verifies in one
 forward on the shared loop.
 
 Per step, after the committed tokens ..x_t, x0 (x0 = x_{t+1}, the target's own token from the last verify), the
@@ -33,11 +33,11 @@ from ..decoding.generation import ForwardLog
 from ..decoding.loop import speculative_generate
 from ..decoding.proposal import Proposal, Step, StepContext
 from ..decoding.rank_tree import by_depth, parse_tree
-from ..decoding.staging import read_scores_and_ids, to_device
+from ..backends.staging import read_scores_and_ids, to_device
 from ..errors import ConfigError, positive_int, require
-from ..models.draft_head import TargetParts
-from ..models.head_artifact import head_source
-from ..models.medusa_heads import KINDS, MedusaHeads, load_medusa
+from ..models.heads.draft_head import TargetParts
+from ..models.heads.artifact import head_source
+from ..models.heads.medusa import KINDS, MedusaHeads, load_medusa
 from .base import NoTimeline, ProposerMethod
 
 

@@ -32,7 +32,7 @@ from __future__ import annotations
 import random
 from dataclasses import asdict, dataclass, field
 
-from ..decoding.cached_lm import CachedLM, draft_lm
+from ..backends.torch.cached_lm import CachedLM, draft_lm
 from ..decoding.jacobi import JacobiWindow, lookahead_step
 from ..decoding.ngram_pool import NGramPool
 from ..decoding.proposal import Proposal, Step, StepContext

@@ -199,7 +199,7 @@ def build_fallback(fallback, pair, temperature: float, top_p: float, seed: int) 
     if fallback is None or isinstance(fallback, ProposerMethod):
         return fallback
     if isinstance(fallback, dict) or hasattr(fallback, "keys"):
-        from ..components import build  # the same builder as every method config (ConfigErrors surfaced)
+        from ..instantiate import build  # the same builder as every method config (ConfigErrors surfaced)
         from omegaconf import OmegaConf
 
         node = fallback if not isinstance(fallback, dict) else OmegaConf.create(fallback)

@@ -157,7 +157,7 @@ class OracleSL(StaticSL):
         self.agreeing: list[int] = []  # agreeing[c]: how many draft tokens from output position c on equal y's
 
     def prepare(self, method, prompt_ids, max_new_tokens: int, eos_ids: set[int]) -> None:
-        from ..decoding.cached_lm import draft_lm
+        from ..backends.torch.cached_lm import draft_lm
         from .greedy import Greedy
 
         y = Greedy(method.pair, "oracle-reference").generate(prompt_ids, max_new_tokens, eos_ids).tokens

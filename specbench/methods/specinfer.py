@@ -27,9 +27,9 @@ from typing import Sequence
 
 import torch
 
-from ..decoding.cached_lm import CachedLM, draft_lm
+from ..backends.torch.cached_lm import CachedLM, draft_lm
 from ..decoding.proposal import Proposal, Step, StepContext
-from ..decoding.staging import read_scores_and_ids
+from ..backends.staging import read_scores_and_ids
 from ..errors import require
 from ..errors import positive_int
 from .base import ProposerMethod

@@ -17,10 +17,10 @@ from typing import Literal
 import torch
 
 from ..autotune import LONGEST
-from ..decoding.cached_lm import CachedLM, draft_lm
+from ..backends.torch.cached_lm import CachedLM, draft_lm
 from ..decoding.proposal import Proposal, Step, StepContext
 from ..errors import require
-from ..models.execution import EAGER
+from ..backends.execution import EAGER
 from .base import ProposerMethod, length_or_auto
 from .sl_policies import StaticSL
 

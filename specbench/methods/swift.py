@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from ..decoding.loop import speculative_generate
 from ..errors import ConfigError, positive_int, require
-from ..models.execution import EAGER
+from ..backends.execution import EAGER
 from ..models.layer_skip import check_skip_set, check_sublayer_sets, decoder_layer_count
 from .base import DecodingMethod, NoTimeline
 from .swift_draft import GREEDY_WIDTHS, SAMPLING_WIDTHS, SkipDraftLM, SwiftProposer

@@ -26,9 +26,9 @@ from __future__ import annotations
 
 import torch
 
-from ..decoding.cached_lm import CachedLM
+from ..backends.torch.cached_lm import CachedLM
 from ..decoding.proposal import Proposal, Step, StepContext
-from ..decoding.staging import read_scores_and_ids
+from ..backends.staging import read_scores_and_ids
 from .swift_search import SkipSet, SkipSetOptimiser
 
 GREEDY_WIDTHS = (3, 5, 8, 10)    # k for p > 0.95, > 0.8, > 0.5, else (SWIFT's get_choices_list, T = 0)

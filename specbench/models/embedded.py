@@ -17,12 +17,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import ConfigError
-from .files import cache_root, publish, sha256_of, staging_path
+from ..files import cache_root, publish, sha256_of, staging_path
 from .pair import ModelPair, attention_of, eos_ids_of, prepare_for_inference
-from .backend import announce_backend, resolve_backend
-from .execution import announce_execution, resolve_attention, resolve_execution
-from .precision import DTYPES, announce, resolve_precision
-from .static_support import check_static_attention, check_static_checkpoint
+from ..backends.choice import announce_backend, resolve_backend
+from ..backends.execution import announce_execution, resolve_attention, resolve_execution
+from ..backends.precision import DTYPES, announce, resolve_precision
+from ..backends.torch.static_support import check_static_attention, check_static_checkpoint
 
 
 @dataclass(frozen=True)
@@ -127,7 +127,7 @@ def load_embedded_pair(name: str, dtype: str = "auto", device: str = "cpu", chat
                        **_) -> ModelPair:
     """The embedded pair; load_draft=False leaves its draft unloaded (no method of the run uses it, ~1 GB).
     backend: transformers (the GGUF dequantised once into a checkpoint in ``dtype``) or llamacpp (the GGUF files as
-    they are: models/gguf_pair.py); auto: llamacpp where llama-cpp-python is installed (models/backend.py)."""
+    they are: models/gguf_pair.py); auto: llamacpp where llama-cpp-python is installed (backends/choice.py)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     chosen = resolve_backend(backend, device, gguf=True, pair=name)

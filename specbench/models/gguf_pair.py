@@ -12,10 +12,10 @@ from pathlib import Path
 import torch
 
 from ..errors import require
-from .backend import Backend, announce_backend, resolve_backend
-from .precision import gguf_precision
-from .execution import resolve_execution
-from .llamacpp import DEFAULT_CONTEXT, GGUFModel, build_info, file_version
+from ..backends.choice import Backend, announce_backend, resolve_backend
+from ..backends.precision import gguf_precision
+from ..backends.execution import resolve_execution
+from ..backends.llamacpp.context import DEFAULT_CONTEXT, GGUFModel, build_info, file_version
 from .pair import ModelPair, eos_ids_of
 
 
@@ -31,7 +31,7 @@ def gguf_tokenizer(path: Path):
     kept under ``$SPECBENCH_CACHE/tokenizers/``."""
     from transformers import AutoTokenizer
 
-    from .files import cache_root, publish, staging_path
+    from ..files import cache_root, publish, staging_path
 
     saved = cache_root() / "tokenizers" / f"{path.stem}-{file_version(path)}"
     if (saved / "tokenizer_config.json").exists():

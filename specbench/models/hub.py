@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from ..errors import ConfigError
 from .pair import ModelPair, attention_of, eos_ids_of, prepare_for_inference
-from .backend import resolve_backend
-from .execution import announce_execution, resolve_attention, resolve_execution
-from .backend import placement_device
-from .precision import announce, resolve_precision
-from .static_support import check_static_attention, check_static_checkpoint
+from ..backends.choice import resolve_backend
+from ..backends.execution import announce_execution, resolve_attention, resolve_execution
+from ..backends.choice import placement_device
+from ..backends.precision import announce, resolve_precision
+from ..backends.torch.static_support import check_static_attention, check_static_checkpoint
 
 
 def _load(role: str, name: str, model_id: str, local_files_only: bool, **kwargs):

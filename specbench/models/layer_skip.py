@@ -31,7 +31,7 @@ from transformers.masking_utils import create_causal_mask
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from ..errors import ConfigError
-from .cache_api import cache_argument, causal_lm_output
+from ..backends.torch.cache_api import cache_argument, causal_lm_output
 
 LAYOUT = ("model.embed_tokens", "model.layers", "model.norm", "model.rotary_emb", "lm_head")
 

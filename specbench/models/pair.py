@@ -7,9 +7,9 @@ from typing import Any, Sequence
 import torch
 
 from ..errors import ConfigError
-from .cpu_linear import apply_linear_kernel
-from .execution import EAGER, Execution
-from .precision import Precision
+from ..backends.torch.cpu_linear import apply_linear_kernel
+from ..backends.execution import EAGER, Execution
+from ..backends.precision import Precision
 
 
 # the keys of ModelPair.info about the draft (loaders, check_vocabularies, llama.cpp pairs)
@@ -26,7 +26,7 @@ class ModelPair:
     precision: Precision
     chat_template: bool = False  # wrap prompts with the tokenizer's chat template
     info: dict = field(default_factory=dict)  # what records carry: ids/paths, attention implementation ...
-    execution: Execution = EAGER  # how forwards run (models/execution.py): eager, static cache, CUDA graphs
+    execution: Execution = EAGER  # how forwards run (backends/execution.py): eager, static cache, CUDA graphs
     # role -> the StaticModel holding that role's static cache and captured graphs (static / graphs execution)
     statics: dict = field(default_factory=dict, repr=False)
     reserved: int = 0  # positions every static cache holds at least (``reserve``)
@@ -41,14 +41,14 @@ class ModelPair:
         features: it also keeps the target's last hidden states (FeatureLM: what feature-level heads read), or with
         ``layers`` the inputs of those decoder layers (EAGLE-3's taps; static modes: a static cache of their own).
         Another ``role`` name (``check``: the losslessness check) gets the target with a static cache of its own."""
-        from ..decoding.cached_lm import CachedLM, FeatureLM
+        from ..backends.torch.cached_lm import CachedLM, FeatureLM
 
         model = self.draft if role == "draft" else self.target
         vocab = self.vocab_size if role == "draft" else None
         if model is None:
             raise ValueError(f"pair '{self.name}' has no {role} model")
         if self.backend == "llamacpp":
-            from ..decoding.llamacpp_lm import LlamaCppLM
+            from ..backends.llamacpp.lm import LlamaCppLM
 
             if features:
                 raise ConfigError(f"pair '{self.name}' runs on llama.cpp, whose contexts here return logits only: "
@@ -58,7 +58,7 @@ class ModelPair:
             raise ValueError("layers are feature taps: ask for features=True")
         if not self.execution.static:
             return FeatureLM(model, vocab, layers) if features else CachedLM(model, vocab)
-        from ..decoding.static_lm import StaticLM
+        from ..backends.torch.static_lm import StaticLM
 
         if features:
             FeatureLM.check_model(model)
@@ -67,7 +67,7 @@ class ModelPair:
     def static_model(self, role: str, layers: Sequence[int] = ()):
         """The StaticModel of ``role`` (built, and in graphs mode captured, at its first use); with ``layers``, one of
         its own that also taps those decoder layers' inputs (EAGLE-3)."""
-        from ..decoding.static_lm import StaticModel
+        from ..backends.torch.static_lm import StaticModel
 
         model = self.draft if role == "draft" else self.target
 
@@ -85,7 +85,7 @@ class ModelPair:
         """The static forward registered under ``key``, built at first use by ``build(buckets=, capacity=,
         capture=)`` (a StaticModel, a draft head's StaticHead): ``reserve`` sizes it and ``captures`` counts its
         graphs."""
-        from ..decoding.static_lm import DEFAULT_CAPACITY, capacity_for, cuda_capture
+        from ..backends.torch.static_lm import DEFAULT_CAPACITY, capacity_for, cuda_capture
 
         static = self.statics.get(key)
         if static is None:  # room for the reserved positions and the padding of the largest bucket past them

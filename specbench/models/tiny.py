@@ -11,10 +11,10 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from ..errors import require
-from .backend import resolve_backend
-from .execution import resolve_attention, resolve_execution
+from ..backends.choice import resolve_backend
+from ..backends.execution import resolve_attention, resolve_execution
 from .pair import ModelPair, attention_of, prepare_for_inference
-from .precision import resolve_precision
+from ..backends.precision import resolve_precision
 
 SPECIALS = ["<pad>", "<bos>", "<eos>"]
 

@@ -79,7 +79,7 @@ def write_llama_gguf(model: torch.nn.Module, tokenizer, path: Path) -> Path:
 def tiny_gguf_files(hidden_size: int = 64, layers: int = 2, seed: int = 0, draft_noise: float = 0.05,
                     init_range: float = 0.2, lm_head_ties: list | None = None, root: Path | None = None) -> dict:
     """{"target": path, "draft": path} of the tiny Llama pair (tiny.build_tiny_pair's weights), written once."""
-    from .files import cache_root, publish, staging_path
+    from ..files import cache_root, publish, staging_path
 
     settings = dict(hidden_size=hidden_size, layers=layers, seed=seed, draft_noise=draft_noise, init_range=init_range,
                     lm_head_ties=lm_head_ties or [])

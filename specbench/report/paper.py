@@ -8,7 +8,7 @@ from pathlib import Path
 from ..environment import cpu_signature
 from ..errors import ConfigError, require
 from ..schema import RunRecord
-from .console import alpha_text, identity_text
+from ..console import alpha_text, identity_text
 from ..conf_dir import group_options
 from .experiment import Cell, Experiment
 from .parity import engine_notes, parity
@@ -20,7 +20,7 @@ PUBLISHED_DIR = Path(__file__).resolve().parent / "published"
 
 def known_methods() -> set[str]:
     """The method names a run of ours can have: a conf/method config's, or a head's trained here (conf/head: a run
-    with method.head=<name> is named after its head, models/head_names.py; GRIFFIN's ablation rows), and SAM
+    with method.head=<name> is named after its head, models/heads/names.py; GRIFFIN's ablation rows), and SAM
     Decoding over any of them (conf/method/sam_speculative.yaml names a run sam_<its fallback's name>)."""
     names = {name for group in ("method", "head") for name in group_options(group)}
     return names | {f"sam_{name}" for name in names}

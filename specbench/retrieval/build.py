@@ -14,8 +14,8 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import ConfigError
-from ..models.files import sha256_of
-from ..training.heads.sharegpt import conversations, package_file
+from ..files import sha256_of
+from ..data.sharegpt import conversations, package_file
 from . import datastore
 from .suffix_array import SEPARATOR, suffix_array
 
@@ -30,7 +30,7 @@ def tokenizer_of(model: dict):
         return byte_tokenizer()
     if target == "specbench.models.embedded.load_embedded_pair":
         from ..models.embedded import TARGET, assemble, converted_dir
-        from ..models.files import cache_root
+        from ..files import cache_root
         from transformers import AutoTokenizer
         converted = converted_dir(TARGET, "float32", cache_root())
         if (converted / "tokenizer_config.json").exists():

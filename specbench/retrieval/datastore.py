@@ -23,7 +23,7 @@ from typing import Sequence
 import numpy as np
 
 from ..errors import ConfigError
-from ..models.files import sha256_of
+from ..files import sha256_of
 from .suffix_array import SEPARATOR, occurrences
 
 MANIFEST, TOKENS, SUFFIXES = "datastore.json", "tokens.npy", "suffix.npy"

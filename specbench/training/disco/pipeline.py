@@ -28,7 +28,8 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from ... import benchmark, components
 from ...errors import ConfigError, require
 from ...methods.disco import load_classifier, save_classifier
-from ...records import run_key, slug, write_json
+from ...files import write_json
+from ...records import run_key, slug
 from ...schema import SCHEMA_VERSION
 from . import tables
 from .extract import extract_split, feature_table

@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import torch
 
-from ...decoding.cached_lm import layer_inputs
-from ...models.draft_head import DraftHead, TargetParts
+from ...backends.torch.cached_lm import layer_inputs
+from ...models.heads.draft_head import DraftHead, TargetParts
 from .train import epoch_plan, token_groups
 
 STEP_DECAY = 0.8  # the weight of unrolled step j is 0.8^(j-1)
@@ -69,7 +69,7 @@ def unrolled_loss(head: DraftHead, parts: TargetParts, ids: torch.Tensor, starts
         with torch.no_grad():
             hit = (logq.argmax(-1) == next_draft).float()
             stats.append({"step": step, "positions": float(weight.sum()), "top1": float((hit * weight).sum())})
-        # position t reads t-1's output, as drafting feeds it (decoding/head_runner.py: the regress feature)
+        # position t reads t-1's output, as drafting feeds it (models/heads/runner.py: the regress feature)
         features = torch.cat([torch.zeros_like(regress[:, :1]), regress[:, :-1]], dim=1)
     return total, stats
 

@@ -1,4 +1,4 @@
-"""Training Medusa / Hydra heads (models/medusa_heads.py) on the heads pipeline's data: the training prompts, the
+"""Training Medusa / Hydra heads (models/heads/medusa.py) on the heads pipeline's data: the training prompts, the
 target's own greedy answers and its features h_t at every position (extract.py), as for EAGLE and GRIFFIN.
 
 Medusa-1's loss (Cai et al. 2024, the target frozen): L = Σ_k λ^k CE(head_k(h_t), x_{t+k+1}) over the positions t
@@ -16,8 +16,8 @@ import time
 import torch
 from torch.nn import functional as F
 
-from ...models.draft_head import TargetParts
-from ...models.medusa_heads import MedusaHeads
+from ...models.heads.draft_head import TargetParts
+from ...models.heads.medusa import MedusaHeads
 from .train import Stage, TrainSettings, flushed_denormals, learning_rate
 
 

@@ -33,15 +33,15 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from ... import components
 from ...errors import ConfigError, positive_int, require
-from ...models.draft_head import DraftHead, HeadConfig, TargetParts, parameter_count
-from ...models.head_artifact import CONFIG_FILE, WEIGHTS_FILE, load_local, save_head
-from ...models.medusa_heads import KINDS as MEDUSA_KINDS
-from ...models.medusa_heads import MedusaConfig, MedusaHeads, load_medusa, save_medusa
-from ...models.speculators_format import exportable, save_speculators
+from ...models.heads.draft_head import DraftHead, HeadConfig, TargetParts, parameter_count
+from ...models.heads.artifact import CONFIG_FILE, WEIGHTS_FILE, load_local, save_head
+from ...models.heads.medusa import KINDS as MEDUSA_KINDS
+from ...models.heads.medusa import MedusaConfig, MedusaHeads, load_medusa, save_medusa
+from ...models.heads.speculators_format import exportable, save_speculators
 from .extract import extract, load_sequences
 from .eagle3 import chain_accuracy, train_eagle3_stage
 from .medusa import evaluate_medusa, train_medusa_stage
-from .sharegpt import package_file, training_conversations
+from ...data.sharegpt import package_file, training_conversations
 from .train import (StageRun, TrainSettings, check_predecessor, draft_vocabulary, evaluate, flushed_denormals,
                     keep_freed_memory, split, target_to_draft, write_json)
 
@@ -190,7 +190,7 @@ class HeadPipeline:
                 self.data["max_prompt_tokens"], self.data_identity(), log)
 
     def export(self) -> None:
-        """The final head in the speculators format (models/speculators_format.py) under <head>/speculators/: what
+        """The final head in the speculators format (models/heads/speculators_format.py) under <head>/speculators/: what
         vLLM's ``speculative_config`` names as its model. With stage=all, only heads of that layout are written."""
         if not (self.head_dir / CONFIG_FILE).is_file():
             raise ConfigError(f"stage=export: no trained head at {self.head_dir} (run stage=train first)")

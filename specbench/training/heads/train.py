@@ -10,8 +10,8 @@ vocabulary). Per pass p and position t (GRIFFIN Eq. 2 and its released code):
 
 A stage with P passes (stage j of GRIFFIN has P = j; EAGLE: always 1) runs pass 1 on the target's features,
 then pass p ≥ 2 on the previous pass's regressed features shifted one position (the input at t is what the
-head predicted for F_t), attending as it would while drafting (stream_mask, models/draft_head.py). The loss mask of
-pass p keeps position t only if every token the head would have drafted on the way there was in its top-k
+head predicted for F_t), attending as it would while drafting (stream_mask, models/heads/draft_head.py). The loss
+mask of pass p keeps position t only if every token the head would have drafted on the way there was in its top-k
 (``align_top_k``; GRIFFIN Eq. 3): M_1 = 1, M_p[t] = A_{p-1}[t-1] · M_{p-1}[t-1], A_p[t] = [x_{t+2} ∈ top-k of
 pass p at t]. (The released code checks A at the same position t; we follow the paper's indices.) Loss =
 mean over passes (Eq. 5). Noise: uniform (u - 0.5) · 0.2 · 512 / L on the input features, as EAGLE's code.
@@ -32,7 +32,7 @@ import torch
 from torch.nn import functional as F
 
 from ...errors import ConfigError
-from ...models.draft_head import DraftHead, TargetParts
+from ...models.heads.draft_head import DraftHead, TargetParts
 
 
 @dataclass
@@ -383,7 +383,7 @@ def evaluate(head: DraftHead, parts: TargetParts, sequences: list[dict], setting
 
 
 def check_predecessor(directory: Path, stage_index: int) -> None:
-    from ...models.head_artifact import CONFIG_FILE
+    from ...models.heads.artifact import CONFIG_FILE
     if stage_index > 1 and not (directory / f"stage-{stage_index - 1}" / CONFIG_FILE).exists():
         raise ConfigError(f"heads.stage: stage {stage_index} resumes from stage {stage_index - 1}, but "
                           f"{directory / f'stage-{stage_index - 1}' / CONFIG_FILE} does not exist; run "

@@ -30,14 +30,14 @@ from typing import Callable, Sequence
 
 import torch
 
-from ..errors import ConfigError
-from ..models.cache_api import cache_argument
-from ..timing import ForwardClock
+from ...errors import ConfigError
+from .cache_api import cache_argument
+from ...timing import ForwardClock
 from .cached_lm import fit_vocabulary, layer_inputs
 from .graphs import cuda_capture  # noqa: F401  (looked up here by ModelPair.static_for: tests stand it in)
 from .static_cache import StaticKV
-from .staging import host_buffer, rows_at, to_device
-from .token_tree import tree_layout
+from ..staging import host_buffer, rows_at, to_device
+from ..token_tree import tree_layout
 
 DEFAULT_CAPACITY = 256  # positions when nothing was reserved (tests, direct use); grows on demand
 
@@ -96,7 +96,7 @@ def capacity_for(needed: int, buckets: Sequence[int]) -> int:
 
 
 class BucketedForward:
-    """What static execution shares between a model (StaticModel) and a draft head (decoding/head_runner.py): the
+    """What static execution shares between a model (StaticModel) and a draft head (models/heads/runner.py): the
     buckets and key spans, one Block per pair, the capacity of the cache, capture, and staging a forward's inputs. A
     subclass says how its cache is allocated and grown and what the forward computes over a Block."""
 

@@ -3,7 +3,7 @@
 Through llama-cpp-python's low-level C API (not its ``Llama`` class: we need batches with explicit positions and
 sequence sets, logits for chosen rows only, and cache surgery). A ``GGUFModel`` holds one file's weights (mmap, the
 file's own quantization) and one llama.cpp context per role: ``target``, ``draft`` (when one file serves both) and
-``check`` (the losslessness recomputation), each with its own KV cache. ``decoding/llamacpp_lm.py`` drives a context
+``check`` (the losslessness recomputation), each with its own KV cache. ``backends/llamacpp/lm.py`` drives a context
 as a CachedLM. Contexts are sized by ``ModelPair.reserve`` (the longest prompt plus the budget, before anything is
 timed) and run ``runner.threads`` threads (the threads torch was set to before the pair loads).
 
@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..errors import ConfigError
+from ...errors import ConfigError
 
 INSTALL_HINT = ("install it with `make llamacpp` (pip install llama-cpp-python==0.3.36: a source package that compiles "
                 "llama.cpp for this CPU, ~8-15 min on 2 cores), or use model.backend=transformers")
@@ -120,8 +120,8 @@ def file_version(path: Path) -> str:
 
 def file_sha256(path: Path) -> str:
     """The file's sha256, cached beside other specbench caches by (path, size, mtime): hashing 1 GB takes seconds."""
-    from ..records import write_json
-    from .files import cache_root, sha256_of
+    from ...files import write_json
+    from ...files import cache_root, sha256_of
 
     memo = cache_root() / "sha256" / f"{file_version(path)}.json"
     if memo.exists():

@@ -17,7 +17,7 @@ import re
 from pathlib import Path
 from typing import Iterable, Iterator
 
-from ...errors import ConfigError
+from ..errors import ConfigError
 
 NGRAM = 13  # words: the contamination window
 

@@ -18,7 +18,7 @@ from functools import lru_cache
 
 from omegaconf import OmegaConf
 
-from ..conf_dir import CONF
+from ...conf_dir import CONF
 
 HEAD_CONFIGS = CONF / "head"
 

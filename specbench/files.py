@@ -3,10 +3,12 @@ measurements, file digests): ``$SPECBENCH_CACHE``, else ~/.cache/specbench; a fi
 from __future__ import annotations
 
 import hashlib
+import json
 import os
+import tempfile
 from pathlib import Path
 
-from ..errors import ConfigError
+from .errors import ConfigError, StorageError
 
 
 def cache_root() -> Path:
@@ -63,3 +65,25 @@ def read_weights(directory: Path) -> dict:
     for f in files:
         state.update(torch.load(f, map_location="cpu", weights_only=True))
     return state
+
+
+def write_json(path: Path, payload: dict) -> None:
+    """Atomic write for derived files such as the run summary: a temporary file of its own in the same directory
+    (two processes writing one summary never share it), fsync'ed, then renamed over ``path``; removed on failure.
+    A write that fails (disk full) is a StorageError naming the file; the previous version stays as it was."""
+    path = Path(path)
+    text = json.dumps(payload, indent=2, default=str).encode()
+    tmp = None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except OSError as exc:
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
+        raise StorageError(f"cannot write {path} ({exc.strerror or exc}); its previous version, if any, is "
+                           "unchanged") from exc

@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from ..errors import ConfigError, require
-from .backend import backend_of_config, placement_device
+from .choice import backend_of_config, placement_device
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 DTYPE_CHOICES = ("auto", *DTYPES)

@@ -1,8 +1,8 @@
 """The summary table printed at the end of a run."""
 from __future__ import annotations
 
-from ..metrics import fmt
-from ..scoring import primary_value
+from .metrics import fmt
+from .scoring import primary_value
 
 COLUMNS = ("method", "prompts", "tokens", "tok/s", "ms/token", "speedup", "tau", "accept", "identical to greedy",
            "task score")

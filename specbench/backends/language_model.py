@@ -1,9 +1,9 @@
 """The language-model interface every decoding loop drives: one generation's view of a model and its KV cache.
 
-Three implementations: ``CachedLM`` (transformers, eager, a DynamicCache: cached_lm.py; ``FeatureLM`` also keeps
-hidden states), ``StaticLM`` (transformers over a static cache, CUDA graphs where they run: static_lm.py) and
-``LlamaCppLM`` (a llama.cpp context: llamacpp_lm.py). ``ModelPair.lm(role)`` hands out the one the run's backend and
-execution mode use; tests/test_interfaces.py checks each against this protocol.
+Three implementations: ``CachedLM`` (transformers, eager, a DynamicCache: torch/cached_lm.py; ``FeatureLM`` also
+keeps hidden states), ``StaticLM`` (transformers over a static cache, CUDA graphs where they run: torch/static_lm.py)
+and ``LlamaCppLM`` (a llama.cpp context: llamacpp/lm.py). ``ModelPair.lm(role)`` hands out the one the run's backend
+and execution mode use; tests/test_interfaces.py checks each against this protocol.
 
 Invariant kept by the linear methods: the cache holds exactly the committed tokens it has seen, so
 ``tokens[lm.length:]`` is what the model still has to read before it can predict the next token.

@@ -15,10 +15,10 @@ from typing import Sequence
 
 import torch
 
-from ..models.draft_head import DraftHead, HeadCache, TargetParts
-from .staging import ids_on
-from .static_lm import Block, BucketedForward
-from .token_tree import tree_inputs, tree_layout
+from .draft_head import DraftHead, HeadCache, TargetParts
+from ...backends.staging import ids_on
+from ...backends.torch.static_lm import Block, BucketedForward
+from ...backends.token_tree import tree_inputs, tree_layout
 
 
 class EagerHeadRunner:

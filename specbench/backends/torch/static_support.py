@@ -1,4 +1,4 @@
-"""What a static cache (``model.execution: static`` or ``graphs``: decoding/static_cache.py) can run, refused up
+"""What a static cache (``model.execution: static`` or ``graphs``: backends/torch/static_cache.py) can run, refused up
 front otherwise — the attention kernel from the config before anything loads, the model's own settings from its
 config.json before its weights load. A static forward feeds explicit positions and its own additive mask over the
 preallocated cache (stale positions masked, a tree's ancestors), so:
@@ -14,7 +14,7 @@ preallocated cache (stale positions masked, a tree's ancestors), so:
 """
 from __future__ import annotations
 
-from ..errors import ConfigError
+from ...errors import ConfigError
 
 STATIC_ATTENTION = ("sdpa", "eager")  # None (transformers' default) is sdpa or eager for the models here
 LENGTH_DEPENDENT_ROPE = ("dynamic", "longrope")
@@ -30,8 +30,8 @@ def check_static_attention(execution, attention: str | None, key: str = "model.a
 
 def check_config_attention(model_cfg: dict) -> None:
     """check_static_attention on a ``model`` config (a plain dict), resolved as the loaders resolve it."""
-    from .backend import placement_device
-    from .execution import execution_of_config, resolve_attention
+    from ..choice import placement_device
+    from ..execution import execution_of_config, resolve_attention
 
     device = model_cfg.get("device") or placement_device(model_cfg.get("device_map"))
     check_static_attention(execution_of_config(model_cfg), resolve_attention(model_cfg.get("attn_implementation"),

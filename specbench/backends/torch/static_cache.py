@@ -2,7 +2,7 @@
 
 Every layer's keys and values live in buffers of shape (1, kv heads, capacity, head dim) that never move, so a
 forward can be captured once as a CUDA graph and replayed. The cache does not know which positions are valid:
-the caller's attention mask says (decoding/static_lm.py), ``write_index`` (n,) says where the n keys of the
+the caller's attention mask says (backends/torch/static_lm.py), ``write_index`` (n,) says where the n keys of the
 forward in flight go. So a rollback is nothing but a shorter logical length (the stale positions are masked,
 then overwritten), and keeping a tree's accepted path is a copy of its positions into place (``move``).
 

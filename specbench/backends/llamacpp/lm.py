@@ -20,9 +20,9 @@ from typing import Sequence
 
 import torch
 
-from ..timing import ForwardClock
-from .cached_lm import fit_vocabulary
-from .token_tree import depths
+from ...timing import ForwardClock
+from ..torch.cached_lm import fit_vocabulary
+from ..token_tree import depths
 
 COMMITTED = 0  # the sequence id of the committed text
 
@@ -35,7 +35,7 @@ class TreeNode:
 
 
 class LlamaCppLM:
-    """One generation's cache on a llama.cpp context (models/llamacpp.py: LlamaContext); see the module docstring.
+    """One generation's cache on a llama.cpp context (context.py: LlamaContext); see the module docstring.
 
     vocab: the vocabulary the returned logits are laid out in (cut or padded with -inf), as CachedLM's."""
 
@@ -235,6 +235,6 @@ def as_prefix(k: int, cached_parents: list[int], parents: list[int], committed: 
 
 
 def context_sequences(context) -> int:
-    from ..models.llamacpp import MAX_SEQUENCES
+    from .context import MAX_SEQUENCES
 
     return getattr(context, "sequences", MAX_SEQUENCES)

@@ -2,7 +2,7 @@
 
 - ``eager``: transformers' DynamicCache, every forward of exactly the tokens fed (the papers' setting; what our
   loops ran before; the best measured on a CPU, where nothing is launch-bound).
-- ``static``: a KV cache preallocated to the run's length (decoding/static_cache.py); each forward pads its tokens
+- ``static``: a KV cache preallocated to the run's length (backends/torch/static_cache.py); each forward pads its tokens
   to a bucket; cropping is a length rollback (stale positions are masked, then overwritten); a tree's accepted
   path is copied into place. Runs anywhere: the CPU tests check every method on it.
 - ``graphs``: ``static``, and every bucket's forward captured once as a CUDA graph and replayed (gpt-fast's
@@ -97,7 +97,7 @@ def resolve_execution(execution: str = "auto", device: str | torch.device = "cpu
 def execution_of_config(model_cfg) -> Execution:
     """What a ``model`` config's execution resolves to on this machine, by the loaders' own rule, without loading
     anything (up-front validation, run keys)."""
-    from .backend import placement_device
+    from .choice import placement_device
 
     device = model_cfg.get("device") or placement_device(model_cfg.get("device_map"))
     buckets = model_cfg.get("buckets")
@@ -125,7 +125,7 @@ def model_identity(model: dict) -> dict:
         for key in LLAMACPP_KEYS:
             out.pop(key, None)
     if out.get("attn_implementation") == "auto":
-        from .backend import placement_device
+        from .choice import placement_device
 
         out["attn_implementation"] = resolve_attention("auto", model.get("device") or
                                                        placement_device(model.get("device_map")))
@@ -135,7 +135,7 @@ def model_identity(model: dict) -> dict:
 def backend_identity(model: dict) -> str:
     """The backend a run is named by: an explicit one as written (a machine without llama-cpp-python still names,
     and renders, runs measured on llama.cpp), ``auto`` as it resolves here."""
-    from .backend import backend_of_config
+    from .choice import backend_of_config
 
     requested = model.get("backend", "transformers")
     if requested != "auto":

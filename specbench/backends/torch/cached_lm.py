@@ -7,10 +7,10 @@ from typing import Sequence
 
 import torch
 
-from ..models.cache_api import cache_argument, returned_cache
-from ..timing import ForwardClock
-from .staging import ids_on, rows_at, to_device
-from .token_tree import tree_inputs
+from .cache_api import cache_argument, returned_cache
+from ...timing import ForwardClock
+from ..staging import ids_on, rows_at, to_device
+from ..token_tree import tree_inputs
 
 
 class CachedLM:

@@ -23,11 +23,11 @@ from pathlib import Path
 
 import torch
 
-from ..errors import ConfigError, require
+from ...errors import ConfigError, require
 from .draft_head import KINDS, DraftHead, HeadConfig
-from .files import read_weights as read_state
-from .files import sha256_of as sha256_file
-from .head_names import head_location
+from ...files import read_weights as read_state
+from ...files import sha256_of as sha256_file
+from .names import head_location
 from .speculators_format import is_speculators, read_speculators
 
 CONFIG_FILE, WEIGHTS_FILE = "head.json", "head.safetensors"
@@ -46,7 +46,7 @@ def save_head(directory: Path, head: DraftHead, draft_ids: torch.Tensor | None, 
 
 
 def save_artifact(directory: Path, tensors: dict, config: dict, provenance: dict) -> str:
-    """Any head's artifact (EAGLE/GRIFFIN here, Medusa/Hydra in medusa_heads.py): weights first, then head.json
+    """Any head's artifact (EAGLE/GRIFFIN here, Medusa/Hydra in models/heads/medusa.py): weights first, then head.json
     with its ``config`` (``kind`` first among what tells heads apart) and the weights' sha256."""
     from safetensors.torch import save_file
 
@@ -129,7 +129,7 @@ def read_artifact(directory: Path, key: str = "method.head") -> tuple[dict, dict
 def load_local(directory: Path, key: str = "method.head") -> HeadArtifact:
     meta, state, sha = read_artifact(directory, key)
     kind = meta["config"].get("kind")
-    if kind not in KINDS:  # a Medusa / Hydra head (models/medusa_heads.py)
+    if kind not in KINDS:  # a Medusa / Hydra head (models/heads/medusa.py)
         raise ConfigError(f"{key}: {directory} is a {kind} head, not a feature-level (eagle/griffin) one "
                           f"(method={kind} runs it)")
     draft_ids = state.pop("draft_ids", None)
@@ -224,7 +224,7 @@ def published_eagle3(repo_id: str, directory: Path, config, state: dict, key: st
 
 
 def speculators_artifact(directory: Path, source: str, kind: str, key: str) -> HeadArtifact:
-    """A speculators-format EAGLE-3 checkpoint (models/speculators_format.py), local or from the hub cache."""
+    """A speculators-format EAGLE-3 checkpoint (models/heads/speculators_format.py), local or from the hub cache."""
     if kind != "eagle3":
         raise ConfigError(f"{key}: {source} is a speculators EAGLE-3 checkpoint; method=eagle3 runs it, not {kind}")
     config, state, lm_head, draft_ids, named = read_speculators(directory, key)

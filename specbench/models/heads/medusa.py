@@ -15,7 +15,7 @@ lm_head(h_t) ranks x_{t+1} (the target's own next token, x0 of the next step). H
   Hydra head starts on h_t as a Medusa head does), then L-1 residual blocks and the lm_head. Heads are
   sequentially dependent: a tree's children of a node come from that node's own path.
 
-Artifacts use the head format of head_artifact.py (head.json with ``config`` = MedusaConfig, the weights' sha256
+Artifacts use the head format of models/heads/artifact.py (head.json with ``config`` = MedusaConfig, the weights' sha256
 and provenance; head.safetensors). Published Medusa heads (FasterDecoding/medusa-vicuna-7b-v1.3: config.json with
 medusa_num_heads / medusa_num_layers, medusa_lm_head.safetensors or .pt with ``{k}.{j}.linear.*`` and
 ``{k}.{L}.weight``) and published Hydra heads (zankner/Hydra's release: config.json with hydra_num_heads,
@@ -34,9 +34,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from ..errors import ConfigError
-from .head_artifact import (CONFIG_FILE, TrainedHead, looks_like_hub_id, read_artifact, save_artifact,
-                            weights_digest)
+from ...errors import ConfigError
+from .artifact import CONFIG_FILE, TrainedHead, looks_like_hub_id, read_artifact, save_artifact, weights_digest
 
 KINDS = ("medusa", "hydra")
 

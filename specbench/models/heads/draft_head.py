@@ -15,7 +15,7 @@ logits lm_head(F̂_{t+1}) rank x_{t+2}. The target's embeddings and lm_head are 
   (``fusion: norm_concat``: attention reads [norm(e); norm(g)], 2H, its residual is g) and their own final norm
   and lm_head over the draft vocabulary (``final_norm``; the lm_head rows go to TargetParts): loaded, or trained
   here with the target's lm_head rows frozen (conf/head/eagle3_published.yaml); both save and load in the
-  ``speculators`` format vLLM reads (models/speculators_format.py).
+  ``speculators`` format vLLM reads (models/heads/speculators_format.py).
 - GRIFFIN: token-guided fusion (TGF) instead of ``fc``: u = fc([e; F]); h = u + down(silu(up([norm(u); norm(e)])))
   (up 2H -> 3H, down 3H -> H; N an RMSNorm); and a dual head (TEH): the layer's MLP projects to 2H, split into the
   *predict* feature (-> lm_head) and the *regress* feature (-> the next step's input F̂): with the layer's
@@ -32,7 +32,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from ..errors import ConfigError
+from ...errors import ConfigError
 
 KINDS = ("eagle", "griffin", "eagle3")
 
@@ -386,7 +386,7 @@ class TargetParts:
 
     def __init__(self, embed_weight: torch.Tensor, lm_head_weight: torch.Tensor, draft_ids: torch.Tensor | None,
                  linear_kernel: str = "torch"):
-        from .cpu_linear import apply_linear_kernel
+        from ...backends.torch.cpu_linear import apply_linear_kernel
 
         self.embed_weight = embed_weight
         self.draft_ids = None if draft_ids is None else draft_ids.to(embed_weight.device)  # indexed by draft picks

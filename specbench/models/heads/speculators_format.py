@@ -29,9 +29,9 @@ from types import SimpleNamespace
 
 import torch
 
-from ..errors import ConfigError
+from ...errors import ConfigError
 from .draft_head import DraftHead, HeadConfig
-from .files import read_weights
+from ...files import read_weights
 
 CONFIG, WEIGHTS = "config.json", "model.safetensors"
 LAYER = "layers.0."

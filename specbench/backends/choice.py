@@ -50,7 +50,7 @@ def resolve_backend(backend: str = "auto", device: str | torch.device | None = "
                     pair: str = "") -> Backend:
     """Resolve ``model.backend`` for a pair (``gguf``: it has GGUF files) on ``device``; a bad value, a pair without
     GGUF files, a GPU device or a missing llama-cpp-python is a ConfigError raised before any weights load."""
-    from .llamacpp import llama_cpp_module, llama_cpp_problem
+    from .llamacpp.context import llama_cpp_module, llama_cpp_problem
 
     require(backend in BACKENDS, "model.backend", f"unknown backend {backend!r}; valid: {list(BACKENDS)}")
     on_cpu = torch.device(device or "cpu").type == "cpu"
