@@ -5,7 +5,7 @@ The pair is loaded once. For each prompt all methods run back to back in one rou
 rounds, the order rotated from prompt to prompt), so drift on a shared machine hits all of them alike and
 every speed-up is a mean of per-prompt paired ratios with a 95% bootstrap interval. ``--fp32`` adds greedy
 on a float32 copy of the target to every round (the dtype's own gain, side by side). Then the cost table
-(costs.py): T(k)/T(1) for the target and the draft, k = 1..32, and per method: tok/s, paired speed-up, τ,
+(analysis/costs.py): T(k)/T(1) for the target and the draft, k = 1..32, and per method: tok/s, paired speed-up, τ,
 bound and efficiency = speed-up / bound.
 
 A Hydra app; its keys are conf/bench.yaml's (``--help`` lists them):
@@ -24,21 +24,21 @@ import torch
 from hydra import compose
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from . import costs as cost_model
-from .components import build
+from .analysis import costs as cost_model
+from .run.components import build
 from .conf_dir import group_options
 from .cli import run_app
 from .environment import available_cores, check_threads, environment
 from .errors import ConfigError, fail, require, positive_int
-from .lossless import LosslessCheck
-from .metrics import compare, fmt, matched_baseline, summarize
+from .analysis.lossless import LosslessCheck
+from .analysis.metrics import compare, fmt, matched_baseline, summarize
 from .backends.choice import BACKENDS, backend_of_config
 from .backends.execution import Execution, execution_of_config
 from .backends.precision import precision_of_config
-from .console import render_table, speedup_text
+from .analysis.console import render_table, speedup_text
 from .report.experiment import hydra_context
 from .engines.loops import LoopBackend
-from .runner import Entry, Runner, RunSpec, classify_record
+from .run.runner import Entry, Runner, RunSpec, classify_record
 
 FP32_GREEDY = "greedy_fp32"
 

@@ -1,6 +1,6 @@
 """``run(cfg)``: one benchmark from a resolved config — check it, build the engine, measure (engines/base.py's
 ``measure``: the same path for every engine). ``python -m specbench``, the report's sweeps and the DISCO and
-draft-head pipelines call it; the pieces it is made of are in components.py."""
+draft-head pipelines call it; the pieces it is made of are in run/components.py."""
 from __future__ import annotations
 
 import sys
@@ -8,9 +8,9 @@ import time
 
 from omegaconf import DictConfig
 
-from .components import engine_of, spec_for
+from .run.components import engine_of, spec_for
 from .engines.base import measure
-from .config_check import check_settings
+from .run.config_check import check_settings
 from .errors import ConfigError, LosslessnessError, StorageError
 from .backends.choice import fit_auto_backend
 from .files import write_json

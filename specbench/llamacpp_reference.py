@@ -10,7 +10,7 @@ from __future__ import annotations
 import statistics
 import time
 
-from .metrics import bootstrap_mean_ci
+from .analysis.metrics import bootstrap_mean_ci
 
 
 def native_greedy(model, prompt: list[int], max_new_tokens: int, eos_ids: set[int]) -> tuple[list[int], float]:

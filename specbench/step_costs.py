@@ -32,7 +32,7 @@ import torch
 
 from .environment import device_name
 from .errors import ConfigError
-from .metrics import bootstrap_mean_ci
+from .analysis.metrics import bootstrap_mean_ci
 from .backends.execution import resolve_execution
 from .models.pair import ModelPair, prepare_for_inference
 from .backends.precision import resolve_precision
@@ -112,7 +112,7 @@ def forwards_ms_per_step(gen, target_costs: dict, draft_costs: dict | None, head
     """What the forwards of the timed steps cost by the forward-cost tables: the target's after its first (the
     prefill), the draft's after its first (which reads the prompt before the first step) and every draft-head
     forward (none runs before the first step), per step."""
-    from .costs import interpolate
+    from .analysis.costs import interpolate
 
     sizes = gen.forward_sizes
     total = sum(interpolate(target_costs, k) for k in sizes.get("target", [])[1:])
@@ -236,7 +236,7 @@ def main(argv=None) -> None:
 def forward_tables(pair, prompt: list[int], methods=()) -> tuple[dict, dict | None, dict | None]:
     """ms per target, draft and (the first of ``methods`` that runs one) draft-head forward of k tokens after
     ``prompt``, in the pair's execution mode (None: no draft model, no head)."""
-    from .costs import measure_costs
+    from .analysis.costs import measure_costs
 
     target = measure_costs(pair.lm("target"), prompt, sizes=FORWARD_SIZES)
     draft = measure_costs(pair.lm("draft"), prompt, sizes=FORWARD_SIZES) if pair.draft is not pair.target else None

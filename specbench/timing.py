@@ -12,7 +12,7 @@ class Stopwatch:
     ``step()`` reads the clock each time a decoding step's tokens are committed, without a synchronize: on the CPU a
     perf_counter reading, on a GPU a CUDA event recorded on the stream, resolved once the generation stopped.
     ``steps_ms`` (after ``stop``): milliseconds from ``start`` to each step's end, in order — the clock a comparison
-    over identical work reads at a given token (identical_work.py)."""
+    over identical work reads at a given token (analysis/identical_work.py)."""
 
     def __init__(self, device: torch.device):
         self._cuda = torch.device(device).type == "cuda"

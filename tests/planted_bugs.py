@@ -137,7 +137,7 @@ PLANTED = {"second_best": second_best, "shifted_positions": shifted_positions, "
 def verdicts(pair, make_method, bug: str | None, prompts: list[list[int]], budget: int, eos_ids=frozenset()) -> list:
     """The losslessness verdict of ``make_method()``'s output (with ``bug`` planted, or none) against greedy's on each
     prompt, by the runner's own check."""
-    from specbench.lossless import LosslessCheck
+    from specbench.analysis.lossless import LosslessCheck
     from specbench.methods.greedy import Greedy
 
     check = LosslessCheck(pair, threads=torch.get_num_threads())

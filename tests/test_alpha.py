@@ -14,11 +14,11 @@ from specbench.methods.greedy import Greedy
 from specbench.methods.hf_assisted import HFAssisted
 from specbench.methods.lookahead import Lookahead
 from specbench.methods.speculative import SpeculativeDecoding
-from specbench.metrics import acceptance_by_position, accepted_per_step, summarize
-from specbench.console import alpha_text, render_headline
+from specbench.analysis.metrics import acceptance_by_position, accepted_per_step, summarize
+from specbench.analysis.console import alpha_text, render_headline
 from specbench.report.figures import FIGURES, alpha_curve
 from specbench.engines.loops import LoopBackend
-from specbench.schema import TURN_FIELDS, RunRecord, TurnRecord, combine_turns
+from specbench.records.schema import TURN_FIELDS, RunRecord, TurnRecord, combine_turns
 
 from .test_counters import distinct_start
 from .test_equivalence import greedy_reference, pair_for

@@ -1,12 +1,12 @@
-"""``method.gamma: auto`` / ``method.num_pred_tokens: auto`` (autotune.py): the cost model on hand-built numbers, the
-length a method is left with, and through the CLI the length recorded and reused when a run resumes."""
+"""``method.gamma: auto`` / ``method.num_pred_tokens: auto`` (analysis/autotune.py): the cost model on hand-built
+numbers, the length a method is left with, and through the CLI the length recorded and reused when a run resumes."""
 from __future__ import annotations
 
 import json
 
 import pytest
 
-from specbench.autotune import LONGEST, choose_length, expected_tokens, predicted_speed, tune_length
+from specbench.analysis.autotune import LONGEST, choose_length, expected_tokens, predicted_speed, tune_length
 from specbench.errors import ConfigError
 from specbench.methods.prompt_lookup import PromptLookup
 from specbench.methods.sl_policies import HeuristicSL

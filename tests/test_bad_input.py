@@ -14,12 +14,14 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from specbench import benchmark, components, environment, records
-from specbench.config_check import ConfigOnlyPair, check_components, check_settings, construct
-from specbench.config_types import Range, problem
+from specbench import benchmark, environment
+from specbench.run import components
+from specbench.records import store as records
+from specbench.run.config_check import ConfigOnlyPair, check_components, check_settings, construct
+from specbench.run.config_types import Range, problem
 from specbench.errors import ConfigError, StorageError, positive_int
 from specbench.files import write_json
-from specbench.records import RecordStore
+from specbench.records.store import RecordStore
 
 from .conftest import ROOT, run_cli
 from .limits import generous, wait_for
@@ -249,7 +251,7 @@ def test_records_dir_without_write_permission_is_named(tmp_path, monkeypatch, no
     def refuse(*args, **kwargs):
         raise PermissionError(errno.EACCES, os.strerror(errno.EACCES))
 
-    monkeypatch.setattr("specbench.config_check.tempfile.mkstemp", refuse)  # as root, chmod would not stop a write
+    monkeypatch.setattr("specbench.run.config_check.tempfile.mkstemp", refuse)  # as root, chmod would not stop a write
     with pytest.raises(ConfigError, match=r"^runner.records_dir: cannot write to .*\(Permission denied\)"):
         benchmark.run(composed("model=tiny_llama", f"runner.records_dir={tmp_path / 'records'}"))
 
@@ -297,7 +299,7 @@ def test_full_disk_while_appending_is_a_storage_error_and_keeps_the_records(tmp_
 
 FULL_DISK_CLI = """
 import errno, os, sys, types
-import specbench.records as records
+import specbench.records.store as records
 calls = [0]
 def write(fd, data):
     calls[0] += 1
@@ -409,7 +411,7 @@ def test_a_job_that_fails_on_anything_says_why_in_its_cell(tmp_path, monkeypatch
     """Not only a ConfigError: a run that fails mid-way (here the engine raising as llama.cpp did past its context)
     writes its error file, which the report shows as the cell's status, and says so at once on stderr (a sweep's
     launcher holds the traceback until the whole sweep ends)."""
-    from specbench.components import spec_for
+    from specbench.run.components import spec_for
     from specbench.engines.hf import HfEngine
 
     def boom(self, cfg, inputs, spec, pair=None):  # the engine fails once it loads

@@ -6,9 +6,9 @@ import subprocess
 import pytest
 from hydra import compose, initialize_config_dir
 
-from specbench import costs
+from specbench.analysis import costs
 from specbench import bench
-from specbench.schema import RunRecord
+from specbench.records.schema import RunRecord
 
 from .conftest import ROOT
 from .forked import run_module
@@ -131,7 +131,7 @@ def test_measured_row_cost_is_the_difference_of_all_rows_and_one():
         def crop(self, n):
             self.length = n
 
-    import specbench.costs as module
+    import specbench.analysis.costs as module
     real = module.Stopwatch
     module.Stopwatch = lambda device: type("W", (), {"start": lambda s: setattr(s, "t", Clock.now),
                                                      "stop": lambda s: (Clock.now - s.t) / 1000})()

@@ -10,8 +10,8 @@ from omegaconf import OmegaConf
 
 from specbench.benchmark import run
 from specbench.cli import check_overrides
-from specbench.components import build, needs_draft_model, spec_for
-from specbench.config_check import check_components, check_settings
+from specbench.run.components import build, needs_draft_model, spec_for
+from specbench.run.config_check import check_components, check_settings
 from specbench.errors import ConfigError
 from specbench.models.heads.artifact import located, save_head
 from specbench.models.heads.draft_head import DraftHead, HeadConfig

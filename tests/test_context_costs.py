@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import pytest
 
-from specbench import costs
+from specbench.analysis import costs
 from specbench.methods.greedy import Greedy
 from specbench.methods.speculative import SpeculativeDecoding
 from specbench.methods.token_recycling import TokenRecycling
-from specbench.schema import RunRecord, TurnRecord, combine_turns
+from specbench.records.schema import RunRecord, TurnRecord, combine_turns
 
 from .test_feature_heads import tiny_pair
 
@@ -111,7 +111,7 @@ def test_run_bound_measures_a_second_table_after_the_longest_context_and_prices_
 
 
 def test_the_headline_says_where_the_tables_were_measured():
-    from specbench.console import render_headline
+    from specbench.analysis.console import render_headline
 
     bound = {"bound": 0.8, "efficiency": 0.95, "prompt_tokens": 47, "verify_ratio": {"k": 19, "ratio": 6.1}}
     assert "priced at its context" not in render_headline("m", {"speedup": 0.76, "bound": bound})

@@ -1,5 +1,5 @@
-"""The bound's forward-cost tables are kept between runs (cost_tables.py): a sweep's later jobs re-time two sizes
-instead of every table, and a table is measured again when it is old, of another context, or the machine no longer
+"""The bound's forward-cost tables are kept between runs (analysis/cost_tables.py): a sweep's later jobs re-time two
+sizes instead of every table, and a table is measured again when it is old, of another context, or the machine no longer
 agrees with it. Before, every job of a 10-method sweep re-measured every table (~5 min after a 2-min decode)."""
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ import os
 
 import pytest
 
-from specbench import cost_tables, costs
-from specbench.cost_tables import CostTableStore
+from specbench.analysis import cost_tables, costs
+from specbench.analysis.cost_tables import CostTableStore
 from specbench.methods.greedy import Greedy
 from specbench.methods.speculative import SpeculativeDecoding
-from specbench.schema import RunRecord
+from specbench.records.schema import RunRecord
 
 from .test_feature_heads import tiny_pair
 

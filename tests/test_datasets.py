@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from specbench.components import build
+from specbench.run.components import build
 from specbench.errors import ConfigError
 from specbench.models.pair import plain_conversation
 

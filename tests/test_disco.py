@@ -14,7 +14,7 @@ from specbench.methods.disco import DiscoClassifier, DiscoSL, disco_features, lo
 from specbench.methods.sl_policies import PerplexitySL
 from specbench.methods.speculative import SpeculativeDecoding
 from specbench.training.disco.extract import extract_prompt
-from specbench.schema import RunRecord
+from specbench.records.schema import RunRecord
 from specbench.training.disco.tables import improvement, oracle_statistics
 from specbench.training.disco.train import evaluate, f1_score, train_classifier
 from specbench.training.disco.tune import best_candidate, grid

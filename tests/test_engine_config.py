@@ -13,8 +13,8 @@ from omegaconf import open_dict
 import specbench.engines.vllm as vllm_engine
 import specbench.engines.vllm_methods as vllm_methods
 from specbench.benchmark import run
-from specbench.components import build, spec_for
-from specbench.config_check import check_node, check_settings, plain
+from specbench.run.components import build, spec_for
+from specbench.run.config_check import check_node, check_settings, plain
 from specbench.engines.hf import HfEngine
 from specbench.engines.vllm import GIB, VllmEngine, core_ranges
 from specbench.engines.vllm_methods import ModelFiles, speculative_config

@@ -16,7 +16,7 @@ from specbench.decoding.proposal import StepContext
 from specbench.decoding.rank_tree import parse_tree
 from specbench.decoding.sampling import Sampler
 from specbench.errors import ConfigError
-from specbench.lossless import NEAR_TIE, LosslessCheck
+from specbench.analysis.lossless import NEAR_TIE, LosslessCheck
 from specbench.methods.feature_head import FeatureHeadMethod
 from specbench.methods.greedy import Greedy
 from specbench.models.heads.draft_head import DraftHead, HeadCache, HeadConfig, TargetParts, stream_mask

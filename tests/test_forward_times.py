@@ -7,11 +7,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specbench import costs
+from specbench.analysis import costs
 from specbench.methods.greedy import Greedy
 from specbench.methods.speculative import SpeculativeDecoding
-from specbench.console import render_headline
-from specbench.schema import RunRecord, TurnRecord, combine_turns
+from specbench.analysis.console import render_headline
+from specbench.records.schema import RunRecord, TurnRecord, combine_turns
 from specbench.timing import ForwardClock
 
 from .test_feature_heads import tiny_pair

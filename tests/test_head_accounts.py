@@ -1,11 +1,11 @@
-"""A trained head's account kept beside the records (head_accounts.py) and the report's table of it
+"""A trained head's account kept beside the records (run/head_accounts.py) and the report's table of it
 (report/heads.py), on hand-made head folders: no model."""
 from __future__ import annotations
 
 import json
 from types import SimpleNamespace
 
-from specbench.head_accounts import account_dir, keep_head_accounts, read_account, recorded_heads
+from specbench.run.head_accounts import account_dir, keep_head_accounts, read_account, recorded_heads
 from specbench.models.heads.artifact import FEATURE_HEAD_METHOD, MEDUSA_METHOD
 from specbench.report.heads import HEADER, account_row, heads_rows, top1_text
 

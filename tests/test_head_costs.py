@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from specbench import costs
+from specbench.analysis import costs
 from specbench.methods.feature_head import FeatureHeadMethod
 from specbench.methods.greedy import Greedy
 from specbench.methods.medusa import MedusaMethod
 from specbench.methods.sam_decoding import SamDecoding
-from specbench.schema import RunRecord, TurnRecord, combine_turns
+from specbench.records.schema import RunRecord, TurnRecord, combine_turns
 
 from .test_feature_heads import random_head, tiny_pair
 from .test_medusa import random_heads

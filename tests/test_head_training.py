@@ -14,7 +14,7 @@ from hydra import compose, initialize_config_dir
 from specbench import benchmark
 from specbench.backends.torch.cached_lm import FeatureLM
 from specbench.errors import ConfigError
-from specbench.head_accounts import read_account
+from specbench.run.head_accounts import read_account
 from specbench.models.heads.draft_head import DraftHead, HeadConfig, TargetParts
 from specbench.models.tiny import build_tiny_pair
 from specbench.training.heads.extract import (answer_eos, extract, generate_with_features, load_sequences,

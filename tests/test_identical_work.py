@@ -1,10 +1,10 @@
-"""Speed-up and τ over identical work (specbench/identical_work.py) on hand-built records: every expected value is
-worked out by hand beside it."""
+"""Speed-up and τ over identical work (specbench/analysis/identical_work.py) on hand-built records: every expected value
+is worked out by hand beside it."""
 import pytest
 
-from specbench.identical_work import cell_flags, shared_work, step_clock
-from specbench.metrics import compare
-from specbench.schema import RunRecord, TurnRecord
+from specbench.analysis.identical_work import cell_flags, shared_work, step_clock
+from specbench.analysis.metrics import compare
+from specbench.records.schema import RunRecord, TurnRecord
 
 
 def turn(ids, steps, wall, step_ms=None, forward_ms=None):

@@ -73,7 +73,7 @@ def test_the_finder_sees_a_cycle_and_a_lazy_import():
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
     assert cycles(graph) == [{"a", "b", "c"}]
     edges = import_graph()
-    assert "specbench.config_check" in edges["specbench.engines.hf"]  # imported inside a function
+    assert "specbench.run.config_check" in edges["specbench.engines.hf"]  # imported inside a function
     assert "specbench.scoring.registry" in edges["specbench.scoring.code"]
 
 
@@ -89,6 +89,6 @@ def test_nothing_imports_the_entry_points():
 
 def test_the_run_components_import_no_engine_and_no_entry_point():
     graph = import_graph()
-    below = reachable(graph, "specbench.components")
+    below = reachable(graph, "specbench.run.components")
     assert not {m for m in below if m.startswith("specbench.engines")}
     assert not below & {"specbench.benchmark", "specbench.bench", "specbench.__main__", "specbench.cli"}

@@ -19,7 +19,7 @@ from specbench.engines.loops import LoopBackend
 from specbench.engines.vllm import VllmEngine
 from specbench.engines.vllm_rounds import VllmBackend, VllmRun
 from specbench.methods.swift_draft import SkipDraftLM
-from specbench.runner import RoundBackend
+from specbench.run.runner import RoundBackend
 
 
 def members(protocol: type) -> tuple[dict, set]:

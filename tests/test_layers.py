@@ -1,14 +1,15 @@
 """The package's layers: each module belongs to one, and imports (lazy ones too, tests/test_imports.import_graph)
 only its own layer and those below. Lowest first:
 
-- base: errors, where the configs are, clocks, the machine, files on disk, building a config node, record files
+- base: errors and exit codes, where the configs are, clocks, the machine, files on disk, building a config node
 - data and scoring: prompts and how outputs are scored
 - backends: how forwards run (the language-model interface; transformers eager / static / graphs; llama.cpp)
 - models: model pairs, their loaders, draft heads
 - decoding: the speculative loop, proposals, verification, token trees; retrieval: the datastores drafts read
-- analysis: records' schema, metrics, costs and the bound, losslessness — what a run's numbers mean
+- records: the record types and the record files
+- analysis: metrics, identical work, costs and the bound, losslessness, the console table: what the numbers mean
 - methods: the decoding methods a config names
-- run: the runner, a run's components and checks, summaries
+- run: the runner, a run's identity, inputs and checks, the heads' accounts, summaries
 - engines: what decodes a run (our loops, vLLM) and the one measure path
 - entry points: the CLI, make bench, the pipelines (training), reports, GPU and step-cost checks
 
@@ -19,18 +20,15 @@ from .test_imports import cycles, import_graph
 
 LAYERS = [  # (name, module prefixes), lowest first
     ("base", ["specbench.errors", "specbench.conf_dir", "specbench.timing", "specbench.environment",
-              "specbench.files", "specbench.instantiate", "specbench.records", "specbench.tracking",
-              "specbench.paper_tables", "specbench.config_types"]),
+              "specbench.files", "specbench.instantiate", "specbench.tracking", "specbench.paper_tables"]),
     ("data and scoring", ["specbench.scoring", "specbench.data"]),
     ("backends", ["specbench.backends"]),
     ("models", ["specbench.models"]),
     ("decoding", ["specbench.decoding", "specbench.retrieval"]),
-    ("analysis", ["specbench.schema", "specbench.identical_work", "specbench.metrics", "specbench.costs",
-                  "specbench.autotune", "specbench.lossless_rows", "specbench.lossless", "specbench.cost_tables",
-                  "specbench.console"]),
+    ("records", ["specbench.records"]),
+    ("analysis", ["specbench.analysis"]),
     ("methods", ["specbench.methods"]),
-    ("run", ["specbench.runner", "specbench.components", "specbench.config_check", "specbench.head_accounts",
-             "specbench.summaries"]),
+    ("run", ["specbench.run"]),
     ("engines", ["specbench.engines"]),
     ("entry points", ["specbench.benchmark", "specbench.bench", "specbench.cli", "specbench.__main__",
                       "specbench.step_costs", "specbench.gpu_check", "specbench.llamacpp_reference",

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from specbench.errors import ConfigError
-from specbench.lossless import MISMATCH, LosslessCheck
+from specbench.analysis.lossless import MISMATCH, LosslessCheck
 from specbench.methods.greedy import Greedy
 
 from .loop_methods import loop_methods

@@ -8,8 +8,8 @@ import pytest
 from specbench.backends.torch.cached_lm import CachedLM
 from specbench.decoding.evidence import TokenEvidence, evidence_of
 from specbench.decoding.generation import Generation, finalize_tokens, is_finished
-from specbench.lossless import (MISMATCH, NEAR_TIE, TOLERANCE_FACTOR, LosslessCheck, NoiseProfile, measure_noise,
-                                noise_cache_path)
+from specbench.analysis.lossless import (MISMATCH, NEAR_TIE, TOLERANCE_FACTOR, LosslessCheck, NoiseProfile,
+                                         measure_noise, noise_cache_path)
 from specbench.methods.base import DecodingMethod, NoTimeline
 from specbench.methods.greedy import Greedy
 from specbench.methods.prompt_lookup import PromptLookup
@@ -141,7 +141,8 @@ def test_exact_tie_is_a_near_tie_and_a_wrong_token_a_mismatch(tied_pair, tmp_pat
     # the divergence's own near-tie is kept apart, so the record never reads "MISMATCH, gap 0 <= tolerance"
     assert "gap" not in result and result["near_tie_at_divergence"]["gap"] == 0
     # a repeat with the same output reuses the rows recomputed for it
-    monkeypatch.setattr("specbench.lossless.continuation_rows", lambda *a: pytest.fail("recomputed for a repeat"))
+    monkeypatch.setattr("specbench.analysis.lossless.continuation_rows",
+                        lambda *a: pytest.fail("recomputed for a repeat"))
     assert check.classify(prompt, greedy, drifting)["continuation"] == result["continuation"]
 
     buggy = ThirdTokenBug(tied_pair, "buggy").generate(prompt, 6, set())
@@ -203,7 +204,7 @@ def test_what_passes_on_the_first_text_calibration_needs_no_more_and_a_bug_is_ju
     """A correct method passes on the calibration of the first text alone (the full one is never measured); a
     planted bug's check does not pass there, so it is judged on the full calibration, with the verdict a check
     given only the full calibration reaches; every tolerance of the first-text calibration is at most the full's."""
-    from specbench.lossless import QUICK_TEXTS, noise_profile
+    from specbench.analysis.lossless import QUICK_TEXTS, noise_profile
 
     monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path))
     pair = tiny_pairs["float32"]
@@ -219,7 +220,7 @@ def test_what_passes_on_the_first_text_calibration_needs_no_more_and_a_bug_is_ju
     assert all(first.tolerance(k) <= full.tolerance(k) for k in (1, 2, 4, 8, 32, None))
     assert full.positions == 6 * first.positions
     full_path.unlink(), first_path.unlink()  # the full calibration only: the same verdicts
-    monkeypatch.setattr("specbench.lossless.QUICK_TEXTS", None)
+    monkeypatch.setattr("specbench.analysis.lossless.QUICK_TEXTS", None)
     assert [v["verdict"] for v in verdicts(pair, lambda: SpeculativeDecoding(pair, "speculative", gamma=4),
                                            "stale_kv", TINY_PROMPTS, 24)] == [v["verdict"] for v in buggy]
 

@@ -4,7 +4,7 @@ report a MISMATCH, and the correct methods none, on prompts whose answers run th
 import pytest
 import torch
 
-from specbench.lossless import MISMATCH
+from specbench.analysis.lossless import MISMATCH
 from specbench.methods.prompt_lookup import PromptLookup
 from specbench.methods.speculative import SpeculativeDecoding
 from specbench.backends.precision import native_bf16

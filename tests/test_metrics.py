@@ -1,4 +1,4 @@
-"""specbench/metrics.py against hand computations on small hand-built record lists, and the console rendering
+"""specbench/analysis/metrics.py against hand computations on small hand-built record lists, and the console rendering
 of the numbers it derives (identity "k/n", speed-up text, headline).
 
 Every expected value below is worked out by hand in the comment beside it; none is recomputed with the code
@@ -11,18 +11,18 @@ import statistics
 import pytest
 from scipy.stats import t as student_t
 
-from specbench.metrics import (acceptance_rate, bootstrap_mean_ci, by_prompt, compare, first_divergence,
-                               first_repeat, fmt, losslessness, matched_baseline, mean_sl, one_per_prompt,
-                               partners_of, rate, reference_of, summarize, t_975, tau, tau_decoding,
-                               verdict_of)
-from specbench.schema import RunRecord, TurnRecord
-from specbench.console import identity_text, render_headline, render_table, speedup_text
+from specbench.analysis.metrics import (acceptance_rate, bootstrap_mean_ci, by_prompt, compare, first_divergence,
+                                        first_repeat, fmt, losslessness, matched_baseline, mean_sl, one_per_prompt,
+                                        partners_of, rate, reference_of, summarize, t_975, tau, tau_decoding,
+                                        verdict_of)
+from specbench.records.schema import RunRecord, TurnRecord
+from specbench.analysis.console import identity_text, render_headline, render_table, speedup_text
 
 GREEDY_IDS = (1, 2, 3)
 
 
 def rec(pid, tokens, wall, *, repeat=0, round_id=None, ids=GREEDY_IDS, **extra):
-    """One record: only the fields metrics.py reads."""
+    """One record: only the fields analysis/metrics.py reads."""
     record = {"prompt_id": pid, "repeat": repeat, "new_tokens": tokens, "wall_s": wall, "output_ids": list(ids),
               "pairing": {"round": round_id}}
     record.update(extra)
@@ -160,7 +160,7 @@ def test_verdict_of(stored, ref_round, divergence, expected):
 def test_a_later_turns_verdict_counts_its_indices_over_the_concatenated_turns():
     """runner.classify_record: a continuation MISMATCH in turn 2 (near-tie at its token 1, a row beyond the noise at
     its token 3) names both places in the record's output_ids, past turn 1's 4 tokens."""
-    from specbench.runner import classify_record
+    from specbench.run.runner import classify_record
 
     class Check:
         def classify(self, prompt, greedy, method):

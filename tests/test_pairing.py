@@ -4,8 +4,8 @@ import signal
 import subprocess
 import sys
 
-from specbench.metrics import bootstrap_mean_ci, compare
-from specbench.schema import RunRecord
+from specbench.analysis.metrics import bootstrap_mean_ci, compare
+from specbench.records.schema import RunRecord
 
 from .conftest import ROOT, run_cli
 from .limits import generous, wait_for

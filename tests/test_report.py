@@ -422,7 +422,7 @@ def test_notes_warn_about_concurrent_timing_and_far_apart_baselines():
     from types import SimpleNamespace
 
     from specbench.report.paper import baseline_gap_hours, concurrent_cells
-    from specbench.schema import RunRecord
+    from specbench.records.schema import RunRecord
 
     def rec(method, end, wall=10.0, host="h", prompt="p1", round_id=None):
         return RunRecord(method=method, data="gsm8k", run_key=method, prompt_id=prompt, repeat=0, timestamp=end,

@@ -6,10 +6,10 @@ import re
 
 import pytest
 
-from specbench.components import spec_for
-from specbench.metrics import summarize
-from specbench.records import write_json
-from specbench.schema import SCHEMA_VERSION, RunRecord
+from specbench.run.components import spec_for
+from specbench.analysis.metrics import summarize
+from specbench.files import write_json
+from specbench.records.schema import SCHEMA_VERSION, RunRecord
 from specbench.report.experiment import compose_config, hydra_context
 from specbench.report.figures import speedup_vs_batch
 from specbench.report.render import render_experiment
@@ -42,7 +42,7 @@ def config(experiment: str, records_dir, *overrides):
 
 def record(spec, index: int, latency: float, end: float, round_id: str, ids: list[int], steps: dict,
            batch: dict | None) -> dict:
-    """One request's record as engines/vllm_rounds.py (batch set) or runner.py (batch None) writes it."""
+    """One request's record as engines/vllm_rounds.py (batch set) or run/runner.py (batch None) writes it."""
     env = {"hostname": "test-host", "device_name": "test device", "torch_threads": 1, "threads": 1,
            "precision": {"dtype": "bfloat16"}, **({"engine": VLLM["engine"]} if batch else {})}
     out = {"schema": SCHEMA_VERSION, "run_key": spec.key, "method": spec.method, "pair": spec.pair,

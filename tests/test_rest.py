@@ -14,7 +14,7 @@ from hydra import compose, initialize_config_dir
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from specbench.components import method_as_recorded
+from specbench.run.components import method_as_recorded
 from specbench.decoding import loop
 from specbench.decoding.proposal import StepContext
 from specbench.decoding.sampling import Sampler
@@ -244,7 +244,7 @@ def test_rest_on_llamacpp_equals_its_greedy_up_to_its_noise(tiny_store):
     pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (make llamacpp)")
     import torch
 
-    from specbench.lossless import MISMATCH, LosslessCheck
+    from specbench.analysis.lossless import MISMATCH, LosslessCheck
     from specbench.methods.greedy import Greedy
     from specbench.models.gguf_pair import build_tiny_gguf_pair
 

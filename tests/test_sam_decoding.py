@@ -11,8 +11,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from omegaconf import OmegaConf
 
-from specbench.components import build, method_as_recorded, needs_draft_model
-from specbench.config_check import check_components
+from specbench.run.components import build, method_as_recorded, needs_draft_model
+from specbench.run.config_check import check_components
 from specbench.decoding import loop
 from specbench.backends.torch.cached_lm import CachedLM
 from specbench.decoding.proposal import Proposal, StepContext

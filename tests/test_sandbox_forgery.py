@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from specbench.data import Example
-from specbench.schema import RunRecord
+from specbench.records.schema import RunRecord
 from specbench.scoring import BoundScorer
 from specbench.scoring.code import mbpp_entry_points, prompt_context
 from specbench.scoring.sandbox_values import make_value_copier

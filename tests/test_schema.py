@@ -1,11 +1,11 @@
-"""The record schema (schema.py): a record written is read back as the same type, and lines of earlier versions load
-(missing fields take their defaults, unknown ones are kept and written back unchanged)."""
+"""The record schema (records/schema.py): a record written is read back as the same type, and lines of earlier versions
+load (missing fields take their defaults, unknown ones are kept and written back unchanged)."""
 import json
 
 from specbench.data import Example
-from specbench.records import RecordStore
-from specbench.runner import RunSpec
-from specbench.schema import RunRecord, TurnRecord, build_record
+from specbench.records.store import RecordStore
+from specbench.run.runner import RunSpec
+from specbench.records.schema import RunRecord, TurnRecord, build_record
 
 
 def turn(ids, wall, steps):

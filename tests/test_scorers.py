@@ -9,7 +9,7 @@ from sacrebleu.metrics import BLEU
 
 from specbench.data import Example
 from specbench.errors import ConfigError
-from specbench.schema import RunRecord
+from specbench.records.schema import RunRecord
 from specbench.scoring import REGISTRY, BoundScorer, aggregate_scores, get_scorer
 from specbench.scoring.code import fenced_code, humaneval_program, mbpp_program, truncate_at_stop
 from specbench.scoring.text import extract_answer, gsm8k_reference

@@ -7,17 +7,17 @@ import re
 
 import pytest
 
-from specbench.components import build, spec_for
+from specbench.run.components import build, spec_for
 from specbench.data import Example
 from specbench.errors import ConfigError
-from specbench.metrics import summarize
-from specbench.records import write_json
+from specbench.analysis.metrics import summarize
+from specbench.files import write_json
 from specbench.report.experiment import compose_config, hydra_context
 from specbench.report.paper import PUBLISHED_DIR
 from specbench.report.render import render_experiment
 from specbench.report.spec_bench import CATEGORIES
-from specbench.runner import RunSpec
-from specbench.schema import SCHEMA_VERSION, RunRecord, build_record, TurnRecord
+from specbench.run.runner import RunSpec
+from specbench.records.schema import SCHEMA_VERSION, RunRecord, build_record, TurnRecord
 
 from .conftest import SHARED_DATA, run_cli
 from .test_config import composed

@@ -8,7 +8,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from omegaconf import OmegaConf
 
-from specbench.config_check import ConfigOnlyPair, construct
+from specbench.run.config_check import ConfigOnlyPair, construct
 from specbench.backends.torch.cached_lm import CachedLM
 from specbench.decoding.loop import verify_step
 from specbench.decoding.proposal import StepContext

@@ -428,7 +428,7 @@ def test_run_keys_name_the_execution_and_graphs_runs_are_found_from_a_cpu():
     being resolved against this machine; eager keeps the key it had before execution modes existed."""
     from omegaconf import OmegaConf
 
-    from specbench.components import spec_for
+    from specbench.run.components import spec_for
     from specbench.report.experiment import compose_config, hydra_context
 
     with hydra_context():

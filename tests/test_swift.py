@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from transformers import LlamaForCausalLM
 from transformers.cache_utils import DynamicCache
 
-from specbench.config_check import ConfigOnlyPair
+from specbench.run.config_check import ConfigOnlyPair
 from specbench.backends.torch.cached_lm import CachedLM
 from specbench.decoding.loop import speculative_generate
 from specbench.errors import ConfigError
@@ -486,8 +486,8 @@ def test_greedy_reference_sanity():
 def test_the_bound_prices_the_draft_forwards_with_the_layer_skipped_target(monkeypatch):
     """The pair has no draft model: the run's bound (costs.run_bound) must price swift's draft forwards with the
     model that ran them, or they would cost nothing and the bound would be too high."""
-    from specbench import costs
-    from specbench.schema import RunRecord
+    from specbench.analysis import costs
+    from specbench.records.schema import RunRecord
 
     pair = deep_pair(4)
     method = Swift(pair, skip_layers=[1, 2])

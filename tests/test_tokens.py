@@ -6,8 +6,8 @@ import torch
 from specbench.decoding.generation import finalize_tokens, is_finished
 from specbench.decoding.proposal import Proposal
 from specbench.decoding.verify import verify_tree_argmax
-from specbench.metrics import first_divergence
-from specbench.records import RecordStore
+from specbench.analysis.metrics import first_divergence
+from specbench.records.store import RecordStore
 
 
 def one_hot_logits(tokens, vocab=10):

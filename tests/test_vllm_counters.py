@@ -2,8 +2,8 @@
 import pytest
 
 from specbench.engines.vllm_session import step_counters
-from specbench.metrics import batch_rate, summarize, throughput_compare
-from specbench.schema import RunRecord
+from specbench.analysis.metrics import batch_rate, summarize, throughput_compare
+from specbench.records.schema import RunRecord
 
 
 def test_step_counters_trim_vllm_overshoot_to_the_kept_tokens():

@@ -130,7 +130,7 @@ def _turn(row, k):
     """Turn k of the record's example, from the dataset as the run configured it."""
     from omegaconf import OmegaConf
 
-    from specbench.components import build
+    from specbench.run.components import build
 
     data = build(OmegaConf.create(row["config"]["data"]), "data")
     return next(ex for ex in data.examples() if ex.id == row["prompt_id"]).turns[k]

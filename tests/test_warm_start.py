@@ -12,7 +12,7 @@ from specbench.methods.token_recycling import TokenRecycling
 from specbench.methods.swift import Swift
 from specbench.methods.suffix import SuffixDecoding
 from specbench.engines.loops import LoopBackend
-from specbench.runner import Entry, Runner, RunSpec
+from specbench.run.runner import Entry, Runner, RunSpec
 
 from .test_equivalence import pair_for
 

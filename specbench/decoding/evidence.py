@@ -1,4 +1,4 @@
-"""What each emitted token's own forward said of it, at T = 0: the losslessness check's evidence (lossless.py).
+"""What each emitted token's own forward said of it, at T = 0: the losslessness check's evidence (analysis/lossless.py).
 
 Every token a generation emits at temperature 0 was chosen from one row of logits: greedy's one-token step, or the
 row of the verify block a speculative step took it from (x0's row for the first, then the row of each accepted node).
@@ -6,8 +6,9 @@ That row gives the token's **margin** l(t) − max_{v ≠ t} l(v): >= 0 exactly 
 counts, whichever way argmax broke it), so a negative margin is a token the method's own forward did not choose — a
 MISMATCH whatever the numerical noise. The row's top-K ids and logits are kept in memory (never written) until the
 runner has compared the output with greedy's: at the first divergence they give l(greedy's token) under the
-method's forward and l(the method's token) under greedy's, the two halves of the disagreement lossless.py weighs
-against the measured noise. ``block``: the tokens the forward that computed the row fed (the noise grows with it).
+method's forward and l(the method's token) under greedy's, the two halves of the disagreement
+analysis/lossless.py weighs against the measured noise. ``block``: the tokens the forward that computed the row fed
+(the noise grows with it).
 """
 from __future__ import annotations
 

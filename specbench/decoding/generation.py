@@ -4,8 +4,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Iterable
 
-# the models whose forwards a generation records, each priced by its own cost table (costs.py): the target, a draft
-# model, a draft head (EAGLE/GRIFFIN's decoder layer, Medusa/Hydra's heads: drafts made without a draft model)
+# the models whose forwards a generation records, each priced by its own cost table (analysis/costs.py): the target, a
+# draft model, a draft head (EAGLE/GRIFFIN's decoder layer, Medusa/Hydra's heads: drafts made without a draft model)
 ROLES = ("target", "draft", "head")
 
 
@@ -26,7 +26,7 @@ class ForwardLog:
 
 @dataclass
 class Generation:
-    """New tokens and raw counters of one generation. Derived numbers (τ, speedup) live in metrics.py."""
+    """New tokens and raw counters of one generation. Derived numbers (τ, speedup) live in analysis/metrics.py."""
 
     tokens: list[int]  # new tokens only: cut after the first EOS, capped at max_new_tokens
     target_forwards: int = 0  # calls of the target model, prefill included

@@ -124,7 +124,7 @@ def speculative_generate(target: CachedLM, proposer: Proposer, prompt_ids: Seque
         gen.add_step(out, step.emitted, len(step.path), max_new_tokens, eos_ids, proposed=proposal.depth)
         step.kept = gen.accept_lengths[-1]
         gen.evidence += step.evidence[:step.kept]
-        timeline.step()  # the step's tokens are committed: the clock reads their time (identical_work.py)
+        timeline.step()  # the step's tokens are committed: the clock reads their time (analysis/identical_work.py)
         out += step.emitted
         proposer.observe(step)
     gen.tokens = finalize_tokens(out, max_new_tokens, eos_ids)

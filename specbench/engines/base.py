@@ -18,12 +18,12 @@ from typing import Any, Protocol, runtime_checkable
 
 from omegaconf import DictConfig
 
-from ..components import RunInputs, check_resolution, pairing_mode, run_inputs
-from ..metrics import one_per_prompt
+from ..run.components import RunInputs, check_resolution, pairing_mode, run_inputs
+from ..analysis.metrics import one_per_prompt
 from ..backends.precision import Precision
-from ..runner import Entry, RoundBackend, Runner, RunSpec
-from ..schema import RunRecord
-from ..summaries import finish
+from ..run.runner import Entry, RoundBackend, Runner, RunSpec
+from ..records.schema import RunRecord
+from ..run.summaries import finish
 
 
 @runtime_checkable
@@ -31,7 +31,7 @@ class EngineRun(Protocol):
     """One benchmark's engine side, from ``Engine.open``: nothing is timed here (the runner times the backend)."""
 
     backend: RoundBackend  # what the runner drives: rounds of prompts, timing only the generations
-    lossless: Any         # classify(prompt, greedy_ids, method_ids) at temperature 0 (lossless.py), or None
+    lossless: Any         # classify(prompt, greedy_ids, method_ids) at temperature 0 (analysis/lossless.py), or None
     label: str            # how the tracker names the run after method@pair/data ("" or " (vllm, batch 4)")
 
     def method_entry(self, spec: RunSpec) -> Entry:

@@ -8,15 +8,15 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from transformers.utils import logging as transformers_logging
 
-from .. import components  # components.build(...) through the module: tests guard what it builds
-from ..components import RunInputs, needs_draft_model
-from ..cost_tables import CostTableStore, cost_table_identity
-from ..costs import run_bound
+from ..run import components  # components.build(...) through the module: tests guard what it builds
+from ..run.components import RunInputs, needs_draft_model
+from ..analysis.cost_tables import CostTableStore, cost_table_identity
+from ..analysis.costs import run_bound
 from ..errors import require
-from ..lossless import LosslessCheck
+from ..analysis.lossless import LosslessCheck
 from ..files import cache_root
 from ..backends.precision import precision_of_config
-from ..runner import Entry, RunSpec
+from ..run.runner import Entry, RunSpec
 from .loops import LoopBackend
 
 
@@ -35,7 +35,7 @@ class HfEngine:
         return execution_identity(cfg.model)
 
     def check(self, cfg: DictConfig, pair=None) -> None:
-        from ..config_check import check_components
+        from ..run.config_check import check_components
 
         require(cfg.runner.get("batch_size", 1) == 1, "runner.batch_size",
                 f"engine=hf decodes one request at a time, got {cfg.runner.batch_size}; batch sizes above 1 "

@@ -17,8 +17,8 @@ from ..decoding.evidence import rounded
 from ..environment import environment
 from ..methods.base import DecodingMethod
 from ..models import ModelPair
-from ..schema import TurnRecord, build_record
-from ..runner import Entry, Measurement, RunSpec, prompt_of
+from ..records.schema import TurnRecord, build_record
+from ..run.runner import Entry, Measurement, RunSpec, prompt_of
 from ..timing import Stopwatch
 
 
@@ -63,13 +63,13 @@ class LoopBackend:
     # --- untimed preparation
 
     def tune(self, method: DecodingMethod, previous: list[dict], example: Example) -> None:
-        """A proposal length of ``auto`` (autotune.py), untimed, on the warm-up prompt: chosen once per run (a
+        """A proposal length of ``auto`` (analysis/autotune.py), untimed, on the warm-up prompt: chosen once per run (a
         resumed run takes the length its records were measured with)."""
         if not method.tunes_length or getattr(method, "tuned", None):
             return
         earlier = next((r.tuned for r in previous if r.tuned), None)
         if earlier is None:
-            from ..autotune import tune_length
+            from ..analysis.autotune import tune_length
 
             prompt_ids = self.encode([{"role": "user", "content": example.prompt}], len(example.turns) > 1)
             earlier = tune_length(method, method.pair, prompt_ids, min(self.max_new_tokens, 128))
@@ -167,7 +167,7 @@ class LoopBackend:
             proposed=gen.proposed,  # per step: the proposal's depth (metrics.acceptance_by_position)
             accepted_steps=gen.accepted_steps,  # per step: of those, draft tokens accepted and kept
             forward_sizes=gen.forward_sizes,
-            forward_rows=gen.forward_rows,  # rows of logits per forward (what the lm head cost): costs.py
+            forward_rows=gen.forward_rows,  # rows of logits per forward (what the lm head cost): analysis/costs.py
             forward_contexts=gen.forward_contexts,  # positions cached before each forward (what it attended to)
             forward_ms=gen.forward_ms,  # wall ms of each forward, where timed (costs.forward_split)
             # the clock at each step's end, where the method's steps are the record's (not hf_assisted's generate())

@@ -17,7 +17,7 @@ from typing import Annotated, Literal
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from ..config_types import Range
+from ..run.config_types import Range
 from ..environment import affinity_cpus
 from ..errors import ConfigError, require
 
@@ -112,8 +112,8 @@ class VllmEngine:
         return {"engine": OmegaConf.to_container(cfg.engine, resolve=True), "batch_size": cfg.runner.batch_size}
 
     def check(self, cfg: DictConfig, pair=None) -> None:
-        from ..config_check import (METHOD_RUNTIME, ConfigOnlyPair, SamplingConfig, check_node, check_schema,
-                                    construct, plain)
+        from ..run.config_check import (METHOD_RUNTIME, ConfigOnlyPair, SamplingConfig, check_node, check_schema,
+                                        construct, plain)
         from .checkpoints import check_locatable
         from .vllm_methods import CONSTRUCTIBLE, ModelFiles, speculative_config
 

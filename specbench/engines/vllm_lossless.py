@@ -1,14 +1,14 @@
-"""Identical to greedy, near-tie or MISMATCH, for engine=vllm: lossless.py's rule with vLLM's own numbers.
+"""Identical to greedy, near-tie or MISMATCH, for engine=vllm: analysis/lossless.py's rule with vLLM's own numbers.
 
 vLLM decodes one token per step (greedy) or verifies blocks (speculation) with kernels of its own, so the
 noise and the gap at a divergence are measured on the engine that decoded, not on transformers. The noise is
-lossless.py's pair statistic: per position, the largest |Δ(b) - Δ(a)| between greedy's one-token decode step
+analysis/lossless.py's pair statistic: per position, the largest |Δ(b) - Δ(a)| between greedy's one-token decode step
 (``logprobs``) and a prefill of the same sequence (``prompt_logprobs``), a = the emitted token, b = each other
 token both report (top-20), over the calibration texts x 32 positions. At a divergence the gap is
 log p(g) - log p(m) recomputed by prefill after the common prefix (log-probabilities differ from logits by the
 same normaliser for g and m, so the gap is the logit gap). A gap within TOLERANCE_FACTOR x the largest pair
 disagreement is a near-tie, above it a MISMATCH. vLLM returns no rows per step, so the per-step checks of
-lossless.py (own forward, agreement over the shared prefix) have nothing to read here: this is the divergence
+analysis/lossless.py (own forward, agreement over the shared prefix) have nothing to read here: this is the divergence
 check alone, with the greedy side's preference recomputed. The calibration is cached per engine settings, model
 files, vLLM version and NOISE_VERSION.
 """
@@ -19,9 +19,9 @@ import json
 import sys
 from dataclasses import asdict
 
-from ..lossless import (CALIBRATION_TEXTS, IDENTICAL, MISMATCH, NEAR_TIE, NOISE_VERSION,
-                        TOLERANCE_FACTOR, NoiseProfile, first_difference, output_of)
-from ..lossless_rows import PAIR_RANKS
+from ..analysis.lossless import (CALIBRATION_TEXTS, IDENTICAL, MISMATCH, NEAR_TIE, NOISE_VERSION, TOLERANCE_FACTOR,
+                                 NoiseProfile, first_difference, output_of)
+from ..analysis.lossless_rows import PAIR_RANKS
 from ..files import write_json
 
 TOP = 20  # logprobs per position compared (vLLM's default max_logprobs)

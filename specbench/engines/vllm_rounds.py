@@ -1,11 +1,11 @@
-"""engine=vllm's backend for the runner (runner.py): ``runner.batch_size`` prompts a round, through a vLLM engine.
+"""engine=vllm's backend for the runner (run/runner.py): ``runner.batch_size`` prompts a round, through a vLLM engine.
 
 A **round** is one batch: up to ``runner.batch_size`` prompts (in dataset order, among those still missing a
 record), run through the baseline engine and the method's engine back to back, the order rotated from round to
-round (runner.py). Every request is one record, as for engine=hf (``wall_s`` is its latency within the batch,
+round (run/runner.py). Every request is one record, as for engine=hf (``wall_s`` is its latency within the batch,
 ``prefill_s`` its time to first token), plus ``batch``: the round's batch id, size, the request's position, and
-the batch's wall time and tokens, from which metrics.py computes throughput and its paired speed-up. A request's
-record is paired with the baseline's request on the same prompt in the same round (round id
+the batch's wall time and tokens, from which analysis/metrics.py computes throughput and its paired speed-up. A
+request's record is paired with the baseline's request on the same prompt in the same round (round id
 ``<round>:<position>``), so per-request speed-ups, losslessness and the report read it like any other record. A
 multi-turn example generates turn by turn: each turn of the batch is one pass through the engine, after the
 earlier turns' answers.
@@ -19,8 +19,8 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from ..environment import environment
-from ..schema import TurnRecord, build_record
-from ..runner import Entry, Measurement, prompt_of
+from ..records.schema import TurnRecord, build_record
+from ..run.runner import Entry, Measurement, prompt_of
 from .vllm_session import VllmSession, step_counters
 
 

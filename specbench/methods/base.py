@@ -57,7 +57,7 @@ class DecodingMethod:
         self.sampler = Sampler(temperature, top_p, seed)
 
     backend_reason = ""  # why a method leaves a backend out, for the error above
-    tunes_length = False  # a proposal length of ``auto``: the runner sets it before timing (autotune.py)
+    tunes_length = False  # a proposal length of ``auto``: the runner sets it before timing (analysis/autotune.py)
 
     def set_proposal_length(self, length: int) -> None:
         """Draft ``length`` tokens a step from now on (only methods whose length can be ``auto``)."""
@@ -120,7 +120,7 @@ class ProposerMethod(DecodingMethod):
 
 
 def length_or_auto(value, key: str, meaning: str) -> int | None:
-    """A proposal length: a positive integer, or ``auto`` (None: chosen before timing, autotune.py)."""
+    """A proposal length: a positive integer, or ``auto`` (None: chosen before timing, analysis/autotune.py)."""
     if value == "auto":
         return None
     require(isinstance(value, int) and not isinstance(value, bool) and value >= 1, key,

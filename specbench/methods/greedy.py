@@ -22,7 +22,7 @@ class Greedy(DecodingMethod):
             out.append(token)
             if self.sampler.greedy:
                 evidence += evidence_of(logits[None], [token], len(prompt_ids) if len(out) == 1 else 1)
-            timeline.step()  # one step per token: the clock reads each token's time (identical_work.py)
+            timeline.step()  # one step per token: the clock reads each token's time (analysis/identical_work.py)
             if is_finished(out, max_new_tokens, eos_ids):
                 break
             logits = target.forward([token])[-1]

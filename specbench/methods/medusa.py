@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import torch
 
-from ..costs import MEASURED_UP_TO
+from ..analysis.costs import MEASURED_UP_TO
 from ..decoding.generation import ForwardLog
 from ..decoding.loop import speculative_generate
 from ..decoding.proposal import Proposal, Step, StepContext

@@ -40,7 +40,7 @@ from __future__ import annotations
 
 from typing import Literal, Sequence
 
-from ..autotune import LONGEST
+from ..analysis.autotune import LONGEST
 from ..decoding.proposal import Proposal, Step, StepContext
 from ..errors import require
 from ..errors import positive_int
@@ -161,7 +161,7 @@ class PromptLookup(ProposerMethod):
         require(self.min_ngram_size <= self.max_ngram_size, "method.min_ngram_size",
                 f"must be <= method.max_ngram_size ({self.max_ngram_size}), got {self.min_ngram_size}")
         fixed = length_or_auto(num_pred_tokens, "method.num_pred_tokens", "most tokens proposed per step")
-        self.tunes_length = fixed is None  # auto: chosen before timing (autotune.py)
+        self.tunes_length = fixed is None  # auto: chosen before timing (analysis/autotune.py)
         self.num_pred_tokens = fixed if fixed is not None else LONGEST
 
     def set_proposal_length(self, length: int) -> None:

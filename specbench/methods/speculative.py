@@ -16,7 +16,7 @@ from typing import Literal
 
 import torch
 
-from ..autotune import LONGEST
+from ..analysis.autotune import LONGEST
 from ..backends.torch.cached_lm import CachedLM, draft_lm
 from ..decoding.proposal import Proposal, Step, StepContext
 from ..errors import require
@@ -97,7 +97,7 @@ class SpeculativeDecoding(ProposerMethod):
 
     def __init__(self, pair, name: str, gamma: int | Literal["auto"] = 4, policy=None, **sampling):
         """gamma: the static SL used when no ``policy`` is given (a policy decides the SL itself); ``auto``: chosen
-        before timing from this machine's forward costs and the warm-up prompt's acceptance (autotune.py)."""
+        before timing from this machine's forward costs and the warm-up prompt's acceptance (analysis/autotune.py)."""
         super().__init__(pair, name, **sampling)
         fixed = length_or_auto(gamma, "method.gamma", "draft tokens per step, γ")
         require(fixed is not None or policy is None, "method.gamma",

@@ -18,12 +18,12 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf
 
 from ..conf_dir import CONF, group_options
-from ..costs import repriced
-from ..components import spec_for
+from ..analysis.costs import repriced
+from ..run.components import spec_for
 from ..errors import ConfigError
-from ..metrics import matched_baseline, mean_sl, one_per_prompt, rate, summarize
-from ..runner import RunSpec
-from ..schema import RunRecord
+from ..analysis.metrics import matched_baseline, mean_sl, one_per_prompt, rate, summarize
+from ..run.runner import RunSpec
+from ..records.schema import RunRecord
 from ..scoring import primary_value
 from .presets import Unlike, unlike_published
 from .tables import column_keys_of, row_keys_of

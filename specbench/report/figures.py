@@ -21,7 +21,7 @@ from pathlib import Path
 from matplotlib.figure import Figure  # no pyplot: no global backend state, safe in notebooks and workers
 
 from ..training.disco.tables import oracle_statistics
-from ..metrics import acceptance_by_position
+from ..analysis.metrics import acceptance_by_position
 from .figure_files import save
 from .paper import canonical, match_stats
 from .spec_bench import acceptance_by_category, speedup_by_category

@@ -1,11 +1,11 @@
 """The draft heads an experiment's rows decoded with: how each was trained and how it did on held-out data, from
-the account a run keeps beside its records (head_accounts.py), written as ``heads.md`` / ``heads.csv`` next to
+the account a run keeps beside its records (run/head_accounts.py), written as ``heads.md`` / ``heads.csv`` next to
 the experiment's table. A row whose head left no account says so."""
 from __future__ import annotations
 
 from pathlib import Path
 
-from ..head_accounts import read_account, recorded_heads
+from ..run.head_accounts import read_account, recorded_heads
 from .experiment import Experiment
 from .tables import Table, to_csv, to_markdown
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 from ..environment import cpu_signature
 from ..errors import ConfigError, require
-from ..schema import RunRecord
-from ..console import alpha_text, identity_text
+from ..records.schema import RunRecord
+from ..analysis.console import alpha_text, identity_text
 from ..conf_dir import group_options
 from .experiment import Cell, Experiment
 from .parity import engine_notes, parity
@@ -98,7 +98,7 @@ def cell_entry(spec, cell: Cell, keys: list[str]) -> Entry:
     return entry
 
 
-# the metrics computed over identical work at T = 0 (identical_work.py), flagged together when a cell is unlike
+# the metrics computed over identical work at T = 0 (analysis/identical_work.py), flagged together when a cell is unlike
 IDENTICAL_WORK_METRICS = ("speedup", "latency_speedup", "tau", "tau_decoding", "tau_prompt_mean")
 
 
@@ -280,7 +280,7 @@ def build(exp: Experiment, ours_entries: list[Entry] | None = None) -> Table:
     if any(e.flagged for e in ours):
         notes.append(f"{UNLIKE} unlike: over identical work (the tokens both outputs share) the shared prefix covers "
                      "less than half of the shorter outputs, or the two outputs' lengths differ by more than 1.5x "
-                     "(identical_work.py); such a cell earns no mark")
+                     "(analysis/identical_work.py); such a cell earns no mark")
     if any(isinstance(e.values.get("tau"), (int, float)) and e.values.get("tau_whole") is not None for e in ours):
         notes.append("ours, T = 0: speed-up and τ are over identical work — each prompt compared with greedy over the "
                      "tokens both emitted alike, both clocks read there; τ is pooled over those steps (Σ tokens / Σ "

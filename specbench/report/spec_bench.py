@@ -17,9 +17,9 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from ..costs import repriced
+from ..analysis.costs import repriced
 from ..errors import ConfigError
-from ..metrics import acceptance_by_position, summarize
+from ..analysis.metrics import acceptance_by_position, summarize
 from ..scoring import primary_value
 from .experiment import Cell, Experiment
 from .figure_files import save
@@ -71,7 +71,7 @@ def category_entry(spec, cell: Cell, keys: list[str], category: str) -> Entry:
 
 def speedup_by_category(exp: Experiment, out_dir: Path) -> list[Path]:
     """Speed-up per category (and overall) per method: ours in one panel (95% intervals as error bars; a cell over
-    too little identical work hatched: identical_work.py), the leaderboard's setting in the other."""
+    too little identical work hatched: analysis/identical_work.py), the leaderboard's setting in the other."""
     from matplotlib import colormaps
     from matplotlib.patches import Patch
     from matplotlib.figure import Figure

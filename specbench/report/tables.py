@@ -30,7 +30,7 @@ METRICS = {
     "tau_whole": Metric("τ, whole outputs"),       # over every step of both outputs, whether alike or not
     "tau_prompt_mean": Metric("τ, per-prompt mean"),
     "speedup_whole": Metric("speed-up, whole outputs", suffix="×"),  # every token, alike or not (T = 0)
-    "identical_work": Metric("identical work"),    # tokens compared over identical work (identical_work.py)
+    "identical_work": Metric("identical work"),    # tokens compared over identical work (analysis/identical_work.py)
     "acceptance_rate": Metric("acceptance", spec=".1%"),
     "accuracy": Metric("accuracy", spec=".1f"),
     "mean_sl": Metric("mean SL"),
@@ -198,7 +198,7 @@ def cell_text(e: Entry | None, source: str, metric: str, row, row_keys, known_me
 
 
 TIED = "≈"    # tied within noise with the best of its group: their 95% intervals overlap
-UNLIKE = "‡"  # over too little identical work to rank (identical_work.py): never bold
+UNLIKE = "‡"  # over too little identical work to rank (analysis/identical_work.py): never bold
 
 
 def better(a: tuple[float, float], b: tuple[float, float], higher: bool) -> bool:

@@ -30,7 +30,7 @@ DEFAULT_CONTEXT = 2048  # KV positions per context until ``reserve`` asks for mo
 # model.flash_attn -> llama_flash_attn_type. Off by default: on the CPUs here it costs the same as the plain
 # attention (embedded target, 2 threads: 79.5 vs 83.6 ms a token, 176.7 vs 174.3 ms five tokens) and its f16
 # query makes a block's logits differ from one-token steps' ~50x more (tiny pair: 0.037 vs 0.00065), which would
-# blunt the losslessness check (lossless.py: a divergence is a near-tie within 4x that noise)
+# blunt the losslessness check (analysis/lossless.py: a divergence is a near-tie within 4x that noise)
 FLASH_ATTENTION = {"auto": -1, False: 0, True: 1}
 # general.file_type in a GGUF header (llama.cpp's llama_ftype) -> the name its tools print
 FILE_TYPES = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 7: "Q8_0", 8: "Q5_0", 9: "Q5_1", 10: "Q2_K", 11: "Q3_K_S",

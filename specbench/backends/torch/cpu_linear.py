@@ -10,7 +10,7 @@ Measured on the embedded target (bf16, 2 threads, Intel Xeon with AVX512-BF16, a
 one-token forward 214 -> 148 ms; 5 tokens 300 -> 187 ms; 300-token prefill 5.3 -> 5.0 s. The packed copy
 replaces the weight (no extra memory), except where the weight is tied to the input embeddings (the
 embedding keeps its own copy). Results equal stock bf16 up to summation order; the losslessness check
-(lossless.py) measures and tolerates exactly that kind of difference.
+(analysis/lossless.py) measures and tolerates exactly that kind of difference.
 """
 from __future__ import annotations
 

@@ -19,7 +19,7 @@ import torch
 from ...errors import require
 from ...methods.disco import disco_features
 from ...methods.greedy import Greedy
-from ...records import RecordStore
+from ...records.store import RecordStore
 
 
 def teacher_forced_logits(pair, role: str, prompt_ids: list[int], tokens: list[int]) -> torch.Tensor:

@@ -25,12 +25,13 @@ from pathlib import Path
 from hydra import compose
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from ... import benchmark, components
+from ... import benchmark
+from ...run import components
 from ...errors import ConfigError, require
 from ...methods.disco import load_classifier, save_classifier
 from ...files import write_json
-from ...records import run_key, slug
-from ...schema import SCHEMA_VERSION
+from ...records.store import run_key, slug
+from ...records.schema import SCHEMA_VERSION
 from . import tables
 from .extract import extract_split, feature_table
 from .train import evaluate, train_classifier

@@ -12,7 +12,7 @@ import statistics
 from collections import Counter
 from pathlib import Path
 
-from ...metrics import fmt, mean_sl  # noqa: F401  (tables.mean_sl: Table 1's mean SL column)
+from ...analysis.metrics import fmt, mean_sl  # noqa: F401  (tables.mean_sl: Table 1's mean SL column)
 
 TABLE1_COLUMNS = ("row", "method", "settings", "ms_per_token", "speedup", "tau", "acceptance_rate",
                   "mean_sl", "identical", "compared", "prompts", "new_tokens")

@@ -31,7 +31,7 @@ import torch
 from hydra import compose
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from ... import components
+from ...run import components
 from ...errors import ConfigError, positive_int, require
 from ...models.heads.draft_head import DraftHead, HeadConfig, TargetParts, parameter_count
 from ...models.heads.artifact import CONFIG_FILE, WEIGHTS_FILE, load_local, save_head

@@ -22,8 +22,8 @@ import shutil
 import sys
 from pathlib import Path
 
-from .models.heads.artifact import CONFIG_FILE, HEAD_METHODS
-from .records import slug
+from ..models.heads.artifact import CONFIG_FILE, HEAD_METHODS
+from ..records.store import slug
 
 ACCOUNT_FILES = (CONFIG_FILE, "train.json", "data.json", "history.json", "evaluation.json")
 

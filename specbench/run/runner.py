@@ -5,7 +5,7 @@ tuned, warm-up) and generates one round's prompts for one entry, timing only the
 here, outside the timed regions: scoring, the losslessness check, pairing stamps, writing, logging. engine=hf's
 backend (engines/loops.py) runs our decoding loops one prompt at a time; engine=vllm's (engines/vllm_rounds.py)
 runs ``runner.batch_size`` prompts a round through a vLLM engine. One record per (prompt, repeat) is appended as
-soon as its round ends (records.py), so a crash loses no finished round and a re-run resumes.
+soon as its round ends (records/store.py), so a crash loses no finished round and a re-run resumes.
 
 Pairing (docs/design.md, *Speed-up: paired, interleaved baselines*). On a shared machine the load drifts over
 minutes, so a baseline timed minutes apart from the method measures the load, not the method. ``run`` takes
@@ -13,8 +13,8 @@ several entries: the first is the baseline, and each round (one prompt and repea
 backend) times the baseline and every entry still missing a record of it back to back, in the same process on the
 same loaded weights, the order rotated from round to round. The round's records share a round id (a batched
 backend's: ``<round>:<position in the batch>``, pairing each request with the baseline's request on the same
-prompt), and speed-up is computed from these pairs (metrics.py). A baseline record serves only the entries of its
-own round: another process, or another run in this one, measures its own baseline again.
+prompt), and speed-up is computed from these pairs (analysis/metrics.py). A baseline record serves only the entries of
+its own round: another process, or another run in this one, measures its own baseline again.
 """
 from __future__ import annotations
 
@@ -27,10 +27,10 @@ from typing import Any, Protocol
 
 from tqdm import tqdm
 
-from .data import Example
-from .metrics import first_repeat, one_per_prompt
-from .records import RecordStore, slug
-from .schema import RunRecord
+from ..data import Example
+from ..analysis.metrics import first_repeat, one_per_prompt
+from ..records.store import RecordStore, slug
+from ..records.schema import RunRecord
 
 SESSION = uuid.uuid4().hex[:12]  # this process
 

@@ -11,17 +11,17 @@ from typing import Any
 from hydra.utils import get_object
 from omegaconf import DictConfig, OmegaConf
 
-from .environment import available_cores
+from ..environment import available_cores
 from .head_accounts import keep_head_accounts
-from .instantiate import build
-from .errors import ConfigError
-from .models.heads.artifact import located, recorded_sha256
-from .backends.execution import model_identity
-from .records import run_key
-from .retrieval.datastore import recorded_sha256 as datastore_sha256
-from .schema import SCHEMA_VERSION
+from ..instantiate import build
+from ..errors import ConfigError
+from ..models.heads.artifact import located, recorded_sha256
+from ..backends.execution import model_identity
+from ..records.store import run_key
+from ..retrieval.datastore import recorded_sha256 as datastore_sha256
+from ..records.schema import SCHEMA_VERSION
 from .runner import RunSpec
-from .scoring.sandbox import protect_path
+from ..scoring.sandbox import protect_path
 
 
 def method_as_recorded(method: dict) -> dict:
@@ -90,7 +90,7 @@ class RunInputs:
 
 def run_inputs(cfg: DictConfig, engine=None) -> RunInputs:
     """Threads, the records protected from sandboxed code, the dataset, the baseline's run, the records' config (and
-    the accounts of the heads it names, head_accounts.py) and the tracker: the setup every engine's ``measure``
+    the accounts of the heads it names, run/head_accounts.py) and the tracker: the setup every engine's ``measure``
     shares (each then checks the resolution with its own precision, loads and runs)."""
     threads = resolved_threads(cfg)
     protect_path(cfg.runner.records_dir)  # sandboxed model-written code may not read the records

@@ -1,6 +1,6 @@
-"""The row statistic the losslessness check (lossless.py) weighs against the measured noise: a method's row of logits
-against a one-token row of the same context — greedy's own where both outputs chose alike (check 2, *agreement*), or
-one recomputed along the method's own output past a near-tie (check 4, *continuation*).
+"""The row statistic the losslessness check (analysis/lossless.py) weighs against the measured noise: a method's row of
+logits against a one-token row of the same context — greedy's own where both outputs chose alike (check 2, *agreement*),
+or one recomputed along the method's own output past a near-tie (check 4, *continuation*).
 
 Rows are decoding/evidence.py's TokenEvidence (a token, its margin, the row's top-K ids and logits, the block size of
 the forward that computed it). The statistic is the calibration's (lossless.measure_noise): the pair disagreement
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from .decoding.evidence import TokenEvidence
+from ..decoding.evidence import TokenEvidence
 
 PAIR_RANKS = 15  # pair disagreements per position: the reference row's argmax against each of its next 15 tokens
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from omegaconf import DictConfig
 
-from .costs import efficiency
-from .errors import LosslessnessError
-from .metrics import summarize
-from .console import render_headline, render_table
-from .files import write_json
+from ..analysis.costs import efficiency
+from ..errors import LosslessnessError
+from ..analysis.metrics import summarize
+from ..analysis.console import render_headline, render_table
+from ..files import write_json
 from .runner import RunSpec
 
 

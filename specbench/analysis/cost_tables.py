@@ -39,7 +39,7 @@ from pathlib import Path
 
 from .costs import ForwardCosts, as_lm, cyclic, measure_forward_costs, time_blocks
 from .lossless import as_computed
-from .files import write_json
+from ..files import write_json
 
 
 @dataclass
@@ -122,8 +122,8 @@ def cost_table_identity(model: dict, pair, threads: int) -> dict:
     execution, backend and its build), threads, and the machine (CPU identity, host, library versions)."""
     import platform
 
-    from .environment import cpu_identity, package_versions
-    from .backends.execution import model_identity
+    from ..environment import cpu_identity, package_versions
+    from ..backends.execution import model_identity
 
     return {"model": model_identity(model), "backend": pair.backend,
             "precision": as_computed(pair.precision.as_record()), "execution": as_computed(pair.execution.as_record()),

@@ -1,5 +1,5 @@
 """The record schema: what one generation measured (``TurnRecord``) and one line of a run's JSONL file
-(``RunRecord``), written and read back as these types (records.py stores the lines).
+(``RunRecord``), written and read back as these types (records/store.py stores the lines).
 
 A record is one (prompt, repeat) of one run: its identity, the measured turn(s) combined (a multi-turn example's
 times and counters summed, ids and steps concatenated, each turn kept in ``turns``), how it was measured (dtype,
@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field, fields
 
-from .decoding.generation import ROLES
+from ..decoding.generation import ROLES
 
 # 2: pairing mode in the run key, resolved precision and threads in every record; pairing rounds; losslessness verdicts
 SCHEMA_VERSION = 2
@@ -89,7 +89,7 @@ class RunRecord(TurnRecord):
     turns: list[TurnRecord] | None = None   # each turn, when there are several
     batch: dict | None = None               # engine=vllm: the round's batch (id, size, position, wall_s, new_tokens)
     pairing: dict | None = None             # the runner's round: mode, round id, session, position, size
-    lossless: dict | None = None            # the verdict against greedy's output (lossless.py)
+    lossless: dict | None = None            # the verdict against greedy's output (analysis/lossless.py)
     score: dict | None = None               # the dataset's task score
     tuned: dict | None = None               # a proposal length ``auto`` chose, and from what
     other: dict = field(default_factory=dict)  # fields of another version of the schema, kept as they were

@@ -48,12 +48,12 @@ from typing import Callable
 
 import torch
 
-from .backends.torch.cached_lm import CachedLM
-from .decoding.evidence import TokenEvidence, evidence_of
-from .environment import device_name
+from ..backends.torch.cached_lm import CachedLM
+from ..decoding.evidence import TokenEvidence, evidence_of
+from ..environment import device_name
 from .lossless_rows import PAIR_RANKS, agreement, disagreements, preference, worst_ratio
 from .metrics import first_divergence
-from .files import write_json
+from ..files import write_json
 
 CALIBRATION_TEXTS = (
     "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
@@ -201,7 +201,7 @@ def as_computed(record):
 
 def noise_cache_path(pair, threads: int, texts: int | None = None) -> Path:
     """``texts``: a calibration on the first ``texts`` calibration texts only (None: all of them)."""
-    from .files import cache_root
+    from ..files import cache_root
 
     # the profile is the target's alone: what the pair says of its draft (loaded or not) must not split the cache
     identity = {"pair": pair.name, "info": as_computed(pair.target_info),

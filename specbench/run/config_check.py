@@ -9,7 +9,7 @@ Two passes, both before a model pair is built (``benchmark.run`` calls them):
 then every node with a ``_target_`` (model, data, method, baseline, logger, and nested ones such as
 ``method.policy`` or ``data.components.*``) against its target's constructor: a key that is not a
 parameter is an error listing the valid ones, a missing required parameter is named, and each value is
-checked against the parameter's annotation (config_types.py: a bool must be a real bool, an int is never
+checked against the parameter's annotation (run/config_types.py: a bool must be a real bool, an int is never
 a bool, ...). Then the range and cross-field checks the constructors themselves make (γ >= 1, a
 greedy-only method at temperature 0, a DISCO classifier file that loads ...) run by *constructing* the
 data, method, baseline and logger once with a ``ConfigOnlyPair`` standing in for the model pair: method
@@ -35,12 +35,12 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from . import components
 from .config_types import Range, describe, problem
-from .environment import check_threads
-from .errors import ConfigError, require
-from .backends.choice import backend_of_config
-from .backends.execution import execution_of_config
-from .backends.torch.static_support import check_config_attention
-from .backends.precision import precision_of_config
+from ..environment import check_threads
+from ..errors import ConfigError, require
+from ..backends.choice import backend_of_config
+from ..backends.execution import execution_of_config
+from ..backends.torch.static_support import check_config_attention
+from ..backends.precision import precision_of_config
 
 
 @dataclass
@@ -115,7 +115,7 @@ def vocab_size_before_loading(model: dict) -> int | None:
     pairs, whose vocabulary is their byte tokenizer's. None for hub and embedded pairs: it is in the weights'
     config, known once they load (a check that needs it then runs on the loaded pair)."""
     if model.get("_target_") == "specbench.models.tiny.build_tiny_pair":
-        from .models.tiny import byte_tokenizer
+        from ..models.tiny import byte_tokenizer
         return len(byte_tokenizer())
     return None
 
@@ -157,7 +157,7 @@ def check_components(cfg: DictConfig, pair=None) -> None:
     if loader_check is not None:  # what a loader checks of its own keys before loading (gguf: the files exist)
         loader_check(model)
     if backend_of_config(model).llamacpp:  # llama.cpp runs its own kernels: no static cache or graphs of ours
-        from .models.gguf_pair import check_llamacpp_execution
+        from ..models.gguf_pair import check_llamacpp_execution
 
         check_llamacpp_execution(model.get("execution", "auto"))
     else:  # flash/flex attention under a static cache's own mask: refused here, before anything loads

@@ -16,7 +16,7 @@ import sys
 
 from .costs import measure_costs
 from .metrics import acceptance_by_position
-from .schema import TurnRecord
+from ..records.schema import TurnRecord
 
 LONGEST = 8  # the longest proposal auto considers (and drafts with while measuring acceptance)
 

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from .metrics import fmt
-from .scoring import primary_value
+from ..scoring import primary_value
 
 COLUMNS = ("method", "prompts", "tokens", "tok/s", "ms/token", "speedup", "tau", "accept", "identical to greedy",
            "task score")
@@ -47,7 +47,7 @@ def lossless_text(s: dict) -> str:
 
 
 def work_text(s: dict) -> str:
-    """'over 811 of 877 tokens emitted alike' (+ the flag when the cell is unlike: identical_work.py)."""
+    """'over 811 of 877 tokens emitted alike' (+ the flag when the cell is unlike: analysis/identical_work.py)."""
     work = s.get("identical_work") or {}
     if not work:
         return ""

@@ -1,4 +1,4 @@
-"""The append-only JSONL store that makes sweeps crash-safe and resumable (the records' schema: schema.py).
+"""The append-only JSONL store that makes sweeps crash-safe and resumable (the records' schema: records/schema.py).
 
 One line per (prompt, repeat), written with a single write + fsync as soon as it is produced. A
 line cut short by a crash is ignored by every load (reading never writes: a report may read a file a
@@ -16,7 +16,7 @@ import sys
 from contextlib import contextmanager
 from pathlib import Path
 
-from .errors import StorageError
+from ..errors import StorageError
 
 
 

@@ -19,9 +19,9 @@ import statistics
 from bisect import bisect_left
 from dataclasses import dataclass, field
 
-from .backends.torch.cached_lm import CachedLM
-from .decoding.generation import ROLES
-from .timing import Stopwatch
+from ..backends.torch.cached_lm import CachedLM
+from ..decoding.generation import ROLES
+from ..timing import Stopwatch
 
 TABLE_SIZES = (1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 24, 32)
 EXTRA_SIZES = (48, 64, 128, 256, 512)  # prefill-sized blocks, only to predict prefills

@@ -1,9 +1,9 @@
 """Every derived number, computed in one place from raw records: rates, τ, acceptance (overall and per
 position, α_k), speedup, losslessness. At T = 0 the speed-up and τ a summary names plainly are over identical
-work (identical_work.py), the whole-output ones beside them (``speedup_whole``, ``tau_whole``).
+work (analysis/identical_work.py), the whole-output ones beside them (``speedup_whole``, ``tau_whole``).
 
 Speedup (``compare``) is paired when the baseline was timed next to the method in the same rounds
-(runner.py): the mean of per-prompt ratios of throughputs, with a bootstrap interval; otherwise the
+(run/runner.py): the mean of per-prompt ratios of throughputs, with a bootstrap interval; otherwise the
 ratio of throughputs Σtokens/Σtime over the prompts both have. Throughput ratios equal time ratios
 when outputs are identical, and are not biased by different output lengths when sampling.
 """
@@ -15,8 +15,8 @@ import statistics
 from collections import Counter, defaultdict
 
 from .identical_work import cell_flags, first_divergence, shared_work
-from .schema import RunRecord
-from .scoring import aggregate_scores
+from ..records.schema import RunRecord
+from ..scoring import aggregate_scores
 
 
 def _mean(values):
@@ -141,7 +141,7 @@ def reference_of(record: RunRecord, baseline: list[RunRecord], paired: dict | No
     return first_repeat(baseline, record.prompt_id)
 
 
-# the checks whose MISMATCH stands whatever the ids show: not at the first divergence's index (lossless.py)
+# the checks whose MISMATCH stands whatever the ids show: not at the first divergence's index (analysis/lossless.py)
 STANDING_CHECKS = ("own_forward", "agreement", "continuation")
 
 
@@ -149,8 +149,8 @@ def verdict_of(record: RunRecord, reference: RunRecord, divergence: int | None) 
     """The runner's recorded verdict, when it was made against this reference and agrees with what the ids show:
     identical (None), near-tie or MISMATCH. A MISMATCH found by a check other than the divergence's gap (a token its
     own forward did not rank first; rows beyond the noise of greedy's where both chose alike; past a near-tie, rows
-    beyond the noise of one-token rows along its own output: lossless.py) stands whatever the ids show. Otherwise
-    ``unclassified`` (e.g. records compared with another baseline than the one they were checked against), so
+    beyond the noise of one-token rows along its own output: analysis/lossless.py) stands whatever the ids show.
+    Otherwise ``unclassified`` (e.g. records compared with another baseline than the one they were checked against), so
     identical + near-ties + mismatches + unclassified add up to the prompts compared."""
     stored = record.lossless or {}
     same_reference = stored.get("against", reference.round) == reference.round
@@ -166,7 +166,7 @@ def verdict_of(record: RunRecord, reference: RunRecord, divergence: int | None) 
 def losslessness(records, baseline, paired: dict | None = None) -> dict:
     """Per prompt (first repeat): identical to greedy, or diverged, and how the divergence was classified.
 
-    The verdict (identical / near-tie / MISMATCH, lossless.py) is recorded by the runner, which has the
+    The verdict (identical / near-tie / MISMATCH, analysis/lossless.py) is recorded by the runner, which has the
     model; a divergence it could not classify counts as unclassified. ``largest_gap``: the near-tie whose gap came
     closest to its tolerance (what a reader weighs "differs only by rounding" by).
     """
@@ -344,9 +344,9 @@ def summarize(records: list[RunRecord], baseline: list[RunRecord] | None = None,
 def compare(records, baseline, exact: bool = True) -> dict:
     """Speed-up, τ and losslessness against the baseline.
 
-    At T = 0 (``exact``) the speed-up and τ are over **identical work** (identical_work.py): each prompt compared
-    over the tokens both outputs share, both clocks read at that token; the whole-output figures stay beside them
-    (``speedup_whole``, ``tau_whole``). Sampled outputs are not compared: their speed-up is the whole-output one.
+    At T = 0 (``exact``) the speed-up and τ are over **identical work** (analysis/identical_work.py): each prompt
+    compared over the tokens both outputs share, both clocks read at that token; the whole-output figures stay beside
+    them (``speedup_whole``, ``tau_whole``). Sampled outputs are not compared: their speed-up is the whole-output one.
 
     Paired (records whose baseline was timed in their round, ``runner.pairing=interleaved``): speedup is the
     mean over prompts of the per-round ratio (repeats of a prompt averaged first), with a 95% bootstrap interval
@@ -425,8 +425,8 @@ def by_prompt_works(works) -> dict:
 
 
 def over_identical_work(pairs, paired: bool) -> dict:
-    """Speed-up and τ over the tokens each (record, baseline record) pair emitted alike (identical_work.py), the
-    whole-output figures kept under ``speedup_whole`` / ``tau_whole``. Paired: the mean over prompts of per-prompt
+    """Speed-up and τ over the tokens each (record, baseline record) pair emitted alike (analysis/identical_work.py),
+    the whole-output figures kept under ``speedup_whole`` / ``tau_whole``. Paired: the mean over prompts of per-prompt
     ratios with a bootstrap interval; unpaired: Σ greedy time / Σ method time. τ pooled (Σ tokens / Σ steps, the
     table's) and ``tau_prompt_mean`` (each prompt's τ, averaged)."""
     works = [(r, shared_work(r, b)) for r, b in pairs]
