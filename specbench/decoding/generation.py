@@ -1,7 +1,7 @@
 """What a decoding method returns, and the one token-accounting rule every method obeys."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Iterable
 
 # the models whose forwards a generation records, each priced by its own cost table (analysis/costs.py): the target, a
@@ -24,26 +24,38 @@ class ForwardLog:
         self.sizes.append(fed)
 
 
-@dataclass
-class Generation:
-    """New tokens and raw counters of one generation. Derived numbers (τ, speedup) live in analysis/metrics.py."""
+@dataclass(kw_only=True)
+class Counters:
+    """The raw counters of one generation, defined once: what a method's loop counts (``Generation``) is what its
+    record keeps (records/schema.TurnRecord extends this with the text, the clock and the margins). Derived numbers
+    (τ, speed-up) live in analysis/metrics.py."""
 
-    tokens: list[int]  # new tokens only: cut after the first EOS, capped at max_new_tokens
-    target_forwards: int = 0  # calls of the target model, prefill included
-    draft_forwards: int = 0  # calls of the draft model, prefill included
-    drafted: int = 0  # draft tokens fed to the target for verification (what verification cost)
-    accepted: int = 0  # of those, accepted by the verifier and kept in ``tokens``
-    accept_lengths: list[int] = field(default_factory=list)  # per verification step: tokens it added to ``tokens``
+    target_forwards: int | None = 0  # calls of the target model, prefill included
+    draft_forwards: int | None = 0  # calls of the draft model, prefill included (None: the engine does not say)
+    drafted: int | None = 0  # draft tokens fed to the target for verification (what verification cost)
+    accepted: int | None = 0  # of those, accepted by the verifier and kept in the output
+    accept_lengths: list[int] = field(default_factory=list)  # per verification step: tokens it added (τ's numerator)
     proposed: list[int] = field(default_factory=list)  # per step: depth of the proposal (most tokens it could accept)
     accepted_steps: list[int] = field(default_factory=list)  # per step: of those, accepted and kept (α_k reads both)
-    extra: dict = field(default_factory=dict)  # method-specific raw counters
     forward_sizes: dict = field(default_factory=dict)  # {"target": [tokens fed per call], "draft"|"head": [...]}
     forward_rows: dict = field(default_factory=dict)  # {"target": [rows of logits per call], ...} where known
     forward_contexts: dict = field(default_factory=dict)  # {"target": [positions cached before each call], ...}
     forward_ms: dict = field(default_factory=dict)  # {"target": [wall ms of each call], ...} where timed (a CPU)
+    extra: dict = field(default_factory=dict)  # method-specific raw counters (sl, lcp, vllm_spec ...)
     # at T = 0, per kept token: the row of the target's forward it was taken from (evidence.TokenEvidence); in
     # memory only, for the losslessness check (the records keep the margins)
-    evidence: list = field(default_factory=list)
+    evidence: list = field(default_factory=list, repr=False, compare=False)
+
+    def counters(self) -> dict:
+        """These counters by name (a record is built from a generation's: ``TurnRecord(**gen.counters(), ...)``)."""
+        return {f.name: getattr(self, f.name) for f in fields(Counters)}
+
+
+@dataclass
+class Generation(Counters):
+    """New tokens and the raw counters of one generation (``Counters``)."""
+
+    tokens: list[int]  # new tokens only: cut after the first EOS, capped at max_new_tokens
 
     def add_step(self, out: list[int], emitted: list[int], accepted: int, max_new_tokens: int,
                  eos_ids: set[int], proposed: int | None = None) -> None:

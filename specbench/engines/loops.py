@@ -153,26 +153,14 @@ class LoopBackend:
         gen = method.generate(prompt_ids, self.max_new_tokens, self.pair.eos_ids, timeline=watch)
         wall = watch.stop()
         return TurnRecord(
+            **gen.counters(),  # as the method counted them (forwards, drafted/accepted, per step, per forward)
             prompt_tokens=len(prompt_ids),
             output_ids=gen.tokens,
             output_text=self.pair.decode(gen.tokens),
             new_tokens=len(gen.tokens),
             wall_s=wall,
             prefill_s=watch.marks.get("prefill"),
-            target_forwards=gen.target_forwards,
-            draft_forwards=gen.draft_forwards,
-            drafted=gen.drafted,
-            accepted=gen.accepted,
-            accept_lengths=gen.accept_lengths,
-            proposed=gen.proposed,  # per step: the proposal's depth (metrics.acceptance_by_position)
-            accepted_steps=gen.accepted_steps,  # per step: of those, draft tokens accepted and kept
-            forward_sizes=gen.forward_sizes,
-            forward_rows=gen.forward_rows,  # rows of logits per forward (what the lm head cost): analysis/costs.py
-            forward_contexts=gen.forward_contexts,  # positions cached before each forward (what it attended to)
-            forward_ms=gen.forward_ms,  # wall ms of each forward, where timed (costs.forward_split)
             # the clock at each step's end, where the method's steps are the record's (not hf_assisted's generate())
             step_ms=watch.steps_ms if len(watch.steps_ms) == len(gen.accept_lengths) else [],
             margins=rounded(e.margin for e in gen.evidence),  # each token's margin under its own forward (T = 0)
-            evidence=gen.evidence,
-            extra=gen.extra,
         )

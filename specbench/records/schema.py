@@ -13,15 +13,16 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field, fields
 
-from ..decoding.generation import ROLES
+from ..decoding.generation import ROLES, Counters
 
 # 2: pairing mode in the run key, resolved precision and threads in every record; pairing rounds; losslessness verdicts
 SCHEMA_VERSION = 2
 
 
 @dataclass
-class TurnRecord:
-    """One generation, as a backend measured it (timed: ``wall_s``, ``prefill_s``; the rest are counters)."""
+class TurnRecord(Counters):
+    """One generation, as a backend measured it: its counters (``decoding/generation.Counters``, the same fields a
+    method's ``Generation`` counted), the text, the clock (``wall_s``, ``prefill_s``, ``step_ms``) and the margins."""
 
     prompt_tokens: int = 0
     output_ids: list[int] = field(default_factory=list)
@@ -29,22 +30,10 @@ class TurnRecord:
     new_tokens: int = 0
     wall_s: float = 0.0
     prefill_s: float | None = None          # time to the first token
-    target_forwards: int | None = None
+    target_forwards: int | None = None      # a record that does not say counts no forwards (not zero)
     draft_forwards: int | None = None       # None where the engine does not say (vLLM)
-    drafted: int | None = 0
-    accepted: int | None = 0
-    accept_lengths: list[int] = field(default_factory=list)  # per step: tokens emitted (τ's numerator)
-    proposed: list[int] = field(default_factory=list)        # per step: the proposal's depth
-    accepted_steps: list[int] = field(default_factory=list)  # per step: of those, draft tokens accepted and kept
-    forward_sizes: dict = field(default_factory=dict)        # {"target"|"draft"|"head": tokens fed per forward}
-    forward_rows: dict = field(default_factory=dict)         # {"target"|"draft"|"head": rows of logits per forward}
-    forward_contexts: dict = field(default_factory=dict)     # {"target"|"draft": positions cached before each forward}
-    forward_ms: dict = field(default_factory=dict)           # {"target"|"draft": wall ms of each forward} (a CPU only)
     step_ms: list[float] = field(default_factory=list)       # per step: ms from the turn's start to the step's end
     margins: list[float] = field(default_factory=list)       # per token (T = 0): l(token) - best other, own forward
-    extra: dict = field(default_factory=dict)                # a method's own per-step data (sl, lcp, vllm_spec ...)
-    # per token (T = 0): its row's top-K (decoding/evidence.py), in memory until the runner classified the output
-    evidence: list = field(default_factory=list, repr=False, compare=False)
 
     @classmethod
     def from_dict(cls, row: dict) -> TurnRecord:
