@@ -5,6 +5,8 @@ import signal
 import subprocess
 import sys
 
+from specbench.analysis.summary import undeclared
+
 from .conftest import ROOT, run_cli
 from .limits import generous, wait_for
 
@@ -33,6 +35,7 @@ def test_cli_run_writes_records_and_summary(tmp_path):
     assert [r["output_ids"] for r in spec] == [r["output_ids"] for r in greedy]
     summary = json.loads(next(records.rglob("speculative-*.summary.json")).read_text())
     assert summary["identical"] == 3 and summary["compared"] == 3
+    assert undeclared(summary) == set()  # every key it holds is one analysis/summary.Summary declares
     # the summary's numbers are the records' (pairs by round id: baseline wall / method wall, mean over prompts)
     by_round = {r["pairing"]["round"]: r["wall_s"] for r in greedy}
     ratios = [by_round[r["pairing"]["round"]] / r["wall_s"] for r in spec]

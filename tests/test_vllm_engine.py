@@ -5,6 +5,8 @@ from pathlib import Path
 
 import pytest
 
+from specbench.analysis.summary import undeclared
+
 from .conftest import run_cli
 
 vllm = pytest.importorskip("vllm", reason="engine=vllm needs vLLM (make install)")
@@ -44,6 +46,7 @@ def test_vllm_speculative_is_identical_to_its_greedy_and_counts_match_the_tokens
     assert sorted(r["batch"]["size"] for r in ours) == [1, 2, 2]  # 3 prompts at batch size 2
     summary = json.loads(next(records.rglob("speculative-*.summary.json")).read_text())
     assert summary["identical"] == 3 and summary["batch_size"] == 2 and summary["throughput_speedup"] > 0
+    assert undeclared(summary) == set()  # the batched keys are declared too (analysis/summary.Summary)
     assert "identical to greedy" in proc.stdout and "lossless: 3/3 (" in proc.stdout
     assert "starting the baseline engine" in proc.stderr and "starting the method engine" in proc.stderr
 

@@ -14,6 +14,7 @@ import random
 import statistics
 from collections import Counter, defaultdict
 
+from .summary import Summary
 from .identical_work import cell_flags, first_divergence, shared_work
 from ..records.schema import RunRecord
 from ..scoring import aggregate_scores
@@ -294,8 +295,9 @@ def throughput_compare(records, baseline) -> dict:
 
 
 def summarize(records: list[RunRecord], baseline: list[RunRecord] | None = None, exact: bool = True,
-              is_baseline: bool = False) -> dict:
-    """The run summary row. ``baseline``: the greedy run's records on the same pair/data/settings.
+              is_baseline: bool = False) -> Summary:
+    """The run summary row (its keys: analysis/summary.Summary). ``baseline``: the greedy run's records on the same
+    pair/data/settings.
 
     exact: compare output ids with the baseline's (temperature 0); sampled outputs are not compared.
     is_baseline: these records are the baseline itself (speedup 1 by definition, nothing to compare).

@@ -7,13 +7,14 @@ from omegaconf import DictConfig
 from ..analysis.costs import efficiency
 from ..errors import LosslessnessError
 from ..analysis.metrics import summarize
+from ..analysis.summary import Summary
 from ..analysis.console import render_headline, render_table
 from ..files import write_json
 from .runner import RunSpec
 
 
 def finish(cfg: DictConfig, spec: RunSpec, base_spec: RunSpec, records: list, baseline_records, tracker,
-           **facts) -> dict:
+           **facts) -> Summary:
     """Summaries of the method (and its baseline), written, logged and printed; runner.strict_lossless enforced.
     ``facts``: what the summary says about how the run was measured (dtype, precision, threads ...)."""
     exact = cfg.sampling.temperature == 0
