@@ -2,6 +2,7 @@
 outside its temporary directory changes."""
 import socket
 import subprocess
+import tempfile
 import threading
 from pathlib import Path
 
@@ -160,13 +161,17 @@ def test_output_flood_is_capped(harness_dir):
     assert len(result.stdout) <= 4000
 
 
-def test_the_harness_keeps_going_after_hostile_programs(harness_dir):
+def test_the_harness_keeps_going_after_hostile_programs(harness_dir, tmp_path_factory, monkeypatch):
+    # this test's sandboxes in a folder of their own: the other test worker may be scoring programs meanwhile, and
+    # every sandboxed process's command line names the guard's own paths (specbench-sandbox-...)
+    own = tmp_path_factory.mktemp("sandboxes")
+    monkeypatch.setattr(tempfile, "tempdir", str(own))
     hostile = ["while True: pass", "import os\nos.fork()", "x = ' ' * (10 ** 11)", "raise SystemExit(3)"]
     results = [run_against(harness_dir, src, LOOPING if src.startswith("while") else FAST) for src in hostile]
     assert [r.status for r in results] == ["timeout", "failed", "failed", "failed"]
     assert all(r.reason for r in results)
     assert run_against(harness_dir, "assert sum(range(10)) == 45").passed
-    assert not live_processes_mentioning("specbench-sandbox-"), "a sandboxed process outlived its run"
+    assert not live_processes_mentioning(f"{own}/specbench-sandbox-"), "a sandboxed process outlived its run"
 
 
 # --- a pass needs the tests to have run to their end ---------------------------------------------------
