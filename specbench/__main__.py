@@ -8,7 +8,10 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
+from .cli import register_configs
 from .errors import EXIT_CODES, INTERRUPTED, ConfigError, exit_code, fail
+
+register_configs()  # before Hydra composes conf/: here, since Hydra's launcher workers import this module to run a job
 
 
 def interrupted(cfg: DictConfig | None) -> None:

@@ -12,6 +12,27 @@ from hydra.errors import HydraException
 
 from .conf_dir import CONF
 from .errors import INTERRUPTED, ConfigError, fail
+
+
+def register_configs() -> None:
+    """What conf/ relies on, in place before anything composes or resolves a config: the papers' hyper-parameter
+    tables as config groups (paper_tables.py) and the resolvers naming a draft head (models/heads/names.py).
+    Idempotent. Every program that composes conf/ calls it before it does — the modules run with ``python -m``
+    (at import, so that Hydra's launcher workers, which import the app's module to run a job, have it too),
+    ``check_overrides`` and report's ``hydra_context``; importing specbench itself registers nothing."""
+    global _registered
+    if _registered:
+        return
+    from .models.heads import names
+    from . import paper_tables
+
+    paper_tables.register()
+    names.register()
+    _registered = True
+
+
+_registered = False
+
 # Hydra's flags that take the next argument as their value (``--cfg job``); --info takes one only from its list
 VALUE_FLAGS = ("--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--config-name", "-cn", "--config-dir",
                "-cd", "--experimental-rerun")
@@ -52,6 +73,7 @@ def one_line(message: str) -> str:
 def check_overrides(config_name: str, flags: list[str], overrides: list[str]) -> None:
     """Compose ``config_name`` with ``overrides`` as the app will (a multirun is left to Hydra): ConfigError
     with Hydra's message on one line if they do not compose."""
+    register_configs()
     if any(f in ("-m", "--multirun") for f in flags):
         return
     from hydra import compose, initialize_config_dir

@@ -3,7 +3,7 @@ conf/config.yaml's defaults list merges into ``method``.
 
 A table file holds ``cells: {<data>: {<model>: {<method>: {<key>: <value>, ...}}}}`` (the conf/data, conf/model and
 conf/method names a run is composed with) and optionally ``same_as: {<method>: <method whose column it uses>}``.
-``register()`` (run when specbench is imported, before anything composes) stores in Hydra's ConfigStore:
+``register()`` (run by cli.register_configs, before a program composes) stores in Hydra's ConfigStore:
 
 - ``paper_hparams/none`` and ``paper_hparams/<table>``: the switch (nothing of their own);
 - ``paper_hparams/<table>/<model>/<method>/<data>``: a cell's values;

@@ -5,8 +5,12 @@ from pathlib import Path
 import pytest
 from hypothesis import settings
 
+from specbench.cli import register_configs
+
 from .forked import run_module
 from .limits import generous
+
+register_configs()  # the tests compose conf/ themselves, as the programs do after registering
 
 ROOT = Path(__file__).resolve().parents[1]
 # Spec-Bench / EAGLE question files (not part of the project): SPECBENCH_EXTERNAL_DATA, else ../shared/data

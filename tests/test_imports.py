@@ -92,3 +92,24 @@ def test_the_run_components_import_no_engine_and_no_entry_point():
     below = reachable(graph, "specbench.run.components")
     assert not {m for m in below if m.startswith("specbench.engines")}
     assert not below & {"specbench.benchmark", "specbench.bench", "specbench.__main__", "specbench.cli"}
+
+
+def test_importing_the_package_registers_nothing_until_a_program_asks():
+    """``import specbench`` (and every module a library user imports) leaves Hydra's config store and OmegaConf's
+    resolvers alone; ``cli.register_configs``, which the programs call, adds the paper tables and head resolvers."""
+    import subprocess
+    import sys
+
+    script = """
+import specbench, specbench.report.render, specbench.run.components, specbench.engines.base
+from hydra.core.config_store import ConfigStore
+from omegaconf import OmegaConf
+def state():
+    return "paper_hparams" in ConfigStore.instance().repo, OmegaConf.has_resolver("specbench.head_name")
+before = state()
+from specbench.cli import register_configs
+register_configs()
+print(before, state())
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "(False, False) (True, True)"

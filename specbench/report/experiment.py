@@ -17,6 +17,7 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf
 
+from ..cli import register_configs
 from ..conf_dir import CONF, group_options
 from ..analysis.costs import repriced
 from ..run.components import spec_for
@@ -71,6 +72,7 @@ class Experiment:
 @contextmanager
 def hydra_context():
     """Hydra's compose API rooted at conf/ (reusing an already initialised Hydra, e.g. inside a Hydra app)."""
+    register_configs()
     if GlobalHydra.instance().is_initialized():
         yield
     else:

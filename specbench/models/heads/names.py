@@ -10,7 +10,7 @@ GRIFFIN's ablations (method.name) stay apart and an eagle-kind head decodes as m
 - ``${specbench.head_kind:<head>,<default>}``: the kind conf/head/<head>.yaml trains (following its defaults list,
   griffin_top5 -> griffin), else ``default``.
 
-No torch here: registered when specbench is imported, before anything composes or resolves a config.
+No torch here: registered by cli.register_configs, before a program composes or resolves a config.
 """
 from __future__ import annotations
 

@@ -4,7 +4,10 @@ from __future__ import annotations
 import hydra
 from omegaconf import DictConfig
 
+from ...cli import register_configs
 from ...errors import exit_on_config_error
+
+register_configs()  # before Hydra composes conf/ (the pipeline composes the main config too)
 
 
 @hydra.main(version_base="1.3", config_path="../../../conf", config_name="disco_pipeline")
