@@ -17,6 +17,15 @@ import torch
 from ..timing import ForwardClock
 
 
+def check_forward_inputs(lm, ids, parents, cached_parents) -> None:
+    """What every implementation's ``forward`` refuses before it runs: no tokens, or cached tree links without the
+    new nodes' own."""
+    if len(ids) == 0:
+        raise ValueError(f"{type(lm).__name__}.forward needs at least one token")
+    if cached_parents and parents is None:
+        raise ValueError("cached_parents needs parents: new nodes are placed in the cached tree by their links")
+
+
 @runtime_checkable
 class LanguageModel(Protocol):
     device: torch.device  # where its input ids go and its logits are

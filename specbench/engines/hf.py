@@ -70,10 +70,14 @@ class HfRun:
         self.lossless = LosslessCheck(pair, inputs.threads) if inputs.sampling["temperature"] == 0 else None
 
     def method_entry(self, spec: RunSpec) -> Entry:
-        return Entry(components.build(self.cfg.method, "method", pair=self.pair, **self.inputs.sampling), spec)
+        return self.entry("method", spec)
 
     def baseline_entry(self, spec: RunSpec) -> Entry:
-        return Entry(components.build(self.cfg.baseline, "baseline", pair=self.pair, **self.inputs.sampling), spec)
+        return self.entry("baseline", spec)
+
+    def entry(self, key: str, spec: RunSpec) -> Entry:
+        """The config node ``key`` (method or baseline) built on the pair, as the run's entry."""
+        return Entry(components.build(self.cfg[key], key, pair=self.pair, **self.inputs.sampling), spec)
 
     def after(self, method: Entry, records: list, baseline_records) -> dict:
         """The bound (untimed: the forward costs measured now) and how the forwards executed."""

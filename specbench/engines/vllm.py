@@ -80,7 +80,8 @@ def core_ranges(cpus: list[int]) -> str:
 
 
 class VllmEngine:
-    """Settings of conf/engine/vllm.yaml (comments there); ``check`` and ``measure`` as every engine."""
+    """Settings of conf/engine/vllm.yaml (comments there); ``check``, ``precision`` and ``open`` as every engine
+    (engines/base.Engine)."""
 
     def __init__(self, name: str = "vllm", device: Literal["auto", "cpu", "cuda"] = "auto", dtype: str | None = None,
                  max_model_len: Annotated[int, Range(ge=16)] = 4096, prefix_caching: bool = False,
@@ -98,6 +99,7 @@ class VllmEngine:
         self.draft_tensor_parallel_size = draft_tensor_parallel_size
         self.gpu_memory_utilization, self.kv_cache_space_gib = gpu_memory_utilization, kv_cache_space_gib
         self.cpu_threads_bind, self.seed, self.options = cpu_threads_bind, seed, dict(options or {})
+        self._located = None  # (model config, its files): ``files`` locates (converts, writes) them once per run
 
     # ----- identity and checks (nothing started) -----
     def resolved_dtype(self, files) -> str:
@@ -257,7 +259,7 @@ class VllmEngine:
         from .checkpoints import locate
 
         model = OmegaConf.to_container(cfg.model, resolve=True)
-        if getattr(self, "_located", (None,))[0] != model:
+        if self._located is None or self._located[0] != model:
             self._located = (model, locate(model))
         return self._located[1]
 

@@ -120,8 +120,7 @@ def file_version(path: Path) -> str:
 
 def file_sha256(path: Path) -> str:
     """The file's sha256, cached beside other specbench caches by (path, size, mtime): hashing 1 GB takes seconds."""
-    from ...files import write_json
-    from ...files import cache_root, sha256_of
+    from ...files import cache_root, sha256_of, write_json
 
     memo = cache_root() / "sha256" / f"{file_version(path)}.json"
     if memo.exists():

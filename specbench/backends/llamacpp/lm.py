@@ -22,6 +22,7 @@ import torch
 
 from ...timing import ForwardClock
 from ..torch.cached_lm import fit_vocabulary
+from ..language_model import check_forward_inputs
 from ..token_tree import depths
 
 COMMITTED = 0  # the sequence id of the committed text
@@ -78,10 +79,7 @@ class LlamaCppLM:
         as a tensor (a chain drafted as tensors) are host tensors here: reading them costs no sync."""
         if isinstance(ids, torch.Tensor):
             ids = ids.tolist()
-        if len(ids) == 0:
-            raise ValueError("LlamaCppLM.forward needs at least one token")
-        if cached_parents and parents is None:
-            raise ValueError("cached_parents needs parents: new nodes are placed in the cached tree by their links")
+        check_forward_inputs(self, ids, parents, cached_parents)
         self._check_owner()
         self.clock.start()
         n, before = len(ids), self.length

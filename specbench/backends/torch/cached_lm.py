@@ -10,6 +10,7 @@ import torch
 from .cache_api import cache_argument, returned_cache
 from ...timing import ForwardClock
 from ..staging import ids_on, rows_at, to_device
+from ..language_model import check_forward_inputs
 from ..token_tree import tree_inputs
 
 
@@ -61,15 +62,12 @@ class CachedLM:
         by earlier tree calls); ``parents`` then number nodes on from them, so new nodes can hang from cached
         ones (token_tree.tree_inputs). A tree grows one level per call this way; ``crop`` drops it again.
         """
-        if len(ids) == 0:
-            raise ValueError("CachedLM.forward needs at least one token")
+        check_forward_inputs(self, ids, parents, cached_parents)
         self.clock.start()
         input_ids = ids_on(ids, self.device)[None]  # (1, n)
         kwargs = {}
         if keep_last is not None:
             kwargs["logits_to_keep"] = keep_last
-        if cached_parents and parents is None:
-            raise ValueError("cached_parents needs parents: new nodes are placed in the cached tree by their links")
         if parents is not None:
             dtype = next(self.model.parameters()).dtype
             kwargs["attention_mask"], kwargs["position_ids"] = tree_inputs(parents, self.length, dtype, self.device,

@@ -37,6 +37,7 @@ from .cached_lm import fit_vocabulary, layer_inputs
 from .graphs import cuda_capture  # noqa: F401  (looked up here by ModelPair.static_for: tests stand it in)
 from .static_cache import StaticKV
 from ..staging import host_buffer, rows_at, to_device
+from ..language_model import check_forward_inputs
 from ..token_tree import tree_layout
 
 DEFAULT_CAPACITY = 256  # positions when nothing was reserved (tests, direct use); grows on demand
@@ -324,10 +325,7 @@ class StaticLM:
                 parents: Sequence[int] | None = None, cached_parents: Sequence[int] = ()) -> torch.Tensor:
         """As CachedLM.forward: float32 logits (keep_last or all rows, V) of ``ids`` (Python ints or an (n,) device
         tensor) after the cached ones."""
-        if len(ids) == 0:
-            raise ValueError("CachedLM.forward needs at least one token")
-        if cached_parents and parents is None:
-            raise ValueError("cached_parents needs parents: new nodes are placed in the cached tree by their links")
+        check_forward_inputs(self, ids, parents, cached_parents)
         self._check()
         self.clock.start()
         n, past = len(ids), self.length
