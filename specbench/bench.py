@@ -4,9 +4,11 @@ interleaved; the forward-cost table; each method's speed-up against the bound th
 The pair is loaded once. For each prompt all methods run back to back in one round (the runner's paired
 rounds, the order rotated from prompt to prompt), so drift on a shared machine hits all of them alike and
 every speed-up is a mean of per-prompt paired ratios with a 95% bootstrap interval. ``--fp32`` adds greedy
-on a float32 copy of the target to every round (the dtype's own gain, side by side). Then the cost table
-(analysis/costs.py): T(k)/T(1) for the target and the draft, k = 1..32, and per method: tok/s, paired speed-up, τ,
-bound and efficiency = speed-up / bound.
+on a float32 copy of the target to every round (the dtype's own gain, side by side). Several backends or
+execution modes run side by side in the same rounds, each method paired with and checked against its own
+variant's greedy (the runner's ``baselines``). Then the cost table (analysis/costs.py): T(k)/T(1) for the target
+and the draft, k = 1..32, and per method: tok/s, paired speed-up, τ, the bound (the CLI's: engines/hf.method_bound)
+and efficiency = speed-up / bound.
 
 A Hydra app; its keys are conf/bench.yaml's (``--help`` lists them):
 
@@ -30,15 +32,15 @@ from .conf_dir import group_options
 from .cli import run_app
 from .environment import available_cores, check_threads, environment
 from .errors import ConfigError, fail, require, positive_int
-from .analysis.lossless import LosslessCheck
-from .analysis.metrics import compare, fmt, matched_baseline, summarize
+from .analysis.metrics import compare, fmt, summarize
 from .backends.choice import BACKENDS, backend_of_config
 from .backends.execution import Execution, execution_of_config
 from .backends.precision import precision_of_config
 from .analysis.console import render_table, speedup_text
 from .report.experiment import hydra_context
+from .engines.hf import cost_table_store, method_bound
 from .engines.loops import LoopBackend
-from .run.runner import Entry, Runner, RunSpec, classify_record
+from .run.runner import Entry, Runner, RunSpec
 
 FP32_GREEDY = "greedy_fp32"
 
@@ -60,6 +62,8 @@ def validate(cfg: DictConfig) -> None:
     """Every key of conf/bench.yaml, before any model loads."""
     for key in ("limit", "max_new_tokens", "gamma", "cost_repeats"):
         positive_int(cfg[key], key)
+    require(cfg.cost_tables in ("reuse", "measure"), "cost_tables",
+            f"must be reuse (kept tables where they still hold) or measure, got {cfg.cost_tables!r}")
     require(isinstance(cfg.warmup, int) and not isinstance(cfg.warmup, bool) and cfg.warmup >= 0, "warmup",
             f"must be an integer >= 0, got {cfg.warmup!r}")
     positive_int(cfg.threads, "threads", optional=True, meaning="torch threads")
@@ -187,22 +191,23 @@ def run(cfg: DictConfig) -> dict:
     first = next(iter(method_cfgs))  # each mode's baseline: the first method in that mode
     baseline_of = {name: (first if len(pairs) == 1 else f"{first}@{name.rsplit('@', 1)[1]}") if name != FP32_GREEDY
                    else names[0] for name in names}
-    lossless = LosslessCheck(pair, threads)
+    # each method checked against its own variant's greedy in the same round (the runner; the float32 greedy is
+    # another model: no claim), the first variant's greedy the round's anchor
+    baselines = [names.index(baseline_of[name]) for name in names]
     out = Path(cfg.out) / time.strftime("%Y%m%d-%H%M%S")
     records = {name: [] for name in names}
     first_prompt = None
     for data_cfg in data_cfgs:
         dataset = build(data_cfg, "data")
         backend = LoopBackend(pair, cfg.max_new_tokens, warmup=cfg.warmup, chat=dataset.chat_template,
-                              threads=threads)
-        runner = Runner(backend, progress=False, scorer=dataset.scorer, lossless=lossless)
+                              threads=threads, exact=cfg.temperature == 0)
+        runner = Runner(backend, progress=False, scorer=dataset.scorer)
         examples = dataset.examples()
         first_prompt = first_prompt or backend.encode([{"role": "user", "content": examples[0].prompt}], False)
         entries = [Entry(built[n], RunSpec(key="bench", method=n, pair=pair.name, data=dataset.name, records_dir=out))
                    for n in names]
-        measured = runner.run(entries, examples, dataset.warmup_example(), order_offset=len(records[names[0]]))
-        classify_variants(backend, built, names, baseline_of, dict(zip(names, measured)), examples, threads,
-                          exact=cfg.temperature == 0)
+        measured = runner.run(entries, examples, dataset.warmup_example(), order_offset=len(records[names[0]]),
+                              baselines=baselines)
         for name, recs in zip(names, measured):
             records[name] += recs
             for r in recs:
@@ -237,7 +242,12 @@ def run(cfg: DictConfig) -> dict:
         print_cost_table(target_costs, draft_costs)
         mine = [n for n in names if n == FP32_GREEDY and mode_pair is pair or n != FP32_GREEDY and (
             len(pairs) == 1 or n.endswith(f"@{mode}"))]
-        efficiency.update(efficiency_rows(records, mine, summaries, target_costs, draft_costs, baseline_of))
+        store = (cost_table_store(OmegaConf.to_container(base, resolve=True), mode_pair, threads)
+                 if cfg.cost_tables == "reuse" else None)
+        bounds = {n: method_bound(built[n], records[n], records[baseline_of[n]], first_prompt, store,
+                                  repeats=cfg.cost_repeats, reuse_key="cost_tables")
+                  for n in mine if n not in (baseline_of[n], FP32_GREEDY)}  # the float32 greedy: another model
+        efficiency.update(efficiency_rows(mine, summaries, bounds, baseline_of))
         forward_ms[mode] = {"target": target_costs.as_record(), "draft": draft_costs and draft_costs.as_record()}
     native = {}
     for mode, mode_pair in pairs.items():  # our greedy loop on llama.cpp against llama.cpp's own (in C)
@@ -274,28 +284,6 @@ def run(cfg: DictConfig) -> dict:
     return result
 
 
-def classify_variants(backend: LoopBackend, built: dict, names: list[str], baseline_of: dict, measured: dict, examples,
-                      threads: int, exact: bool) -> None:
-    """The losslessness verdicts of methods on another variant's pair than the runner's (the runner classifies
-    only its own pair's): each against its own variant's greedy in the same round, with that pair's own measured
-    noise (its backend's); untimed, after the rounds. Single-turn prompts (a conversation stays unclassified)."""
-    if not exact:
-        return
-    prompts = {ex.id: [backend.encode([{"role": "user", "content": ex.prompt}], False)] for ex in examples
-               if len(ex.turns) == 1}
-    checks: dict = {}
-    for name in names:
-        method_pair, against = built[name].pair, baseline_of[name]
-        if name == against or name == FP32_GREEDY or method_pair is backend.pair:
-            continue
-        check = checks.setdefault(id(method_pair), LosslessCheck(method_pair, threads))
-        greedy = {r.round: r for r in measured[against]}
-        for record in measured[name]:
-            base = greedy.get(record.round)
-            if base is not None and record.prompt_id in prompts and record.lossless is None:
-                record.lossless = classify_record(check, prompts[record.prompt_id], record, base)
-
-
 def fmt_ci(ci) -> str:
     return f"[{ci[0]:.3f}, {ci[1]:.3f}]" if ci else ""
 
@@ -311,25 +299,22 @@ def print_cost_table(target_costs, draft_costs) -> None:
             print(f"{label:<6} x   " + " ".join(f"{v / table[1]:6.2f}" for v in table.values()))
 
 
-def efficiency_rows(records, names, summaries, target_costs, draft_costs, baseline_of: dict | None = None) -> dict:
-    """Per method of ``names`` but its baseline (``baseline_of[name]``, else ``names[0]``): tok/s, paired speed-up
-    with its interval, τ, the cost bound (from this mode's forward costs) and speed-up / bound."""
+def efficiency_rows(names, summaries, bounds: dict, baseline_of: dict) -> dict:
+    """Per method of ``names`` but its baseline (``baseline_of[name]``): tok/s, paired speed-up with its interval,
+    τ, the bound (``bounds[name]``: engines/hf.method_bound, as the CLI's summary has it) and speed-up / bound."""
     rows = {}
     print(f"{'method':<14} {'tok/s':>7} {'speed-up [95% CI]':>22} {'Σ/Σ':>5} {'tau':>5} {'bound':>6} "
           f"{'efficiency':>10}")
     for name in names:
-        against = (baseline_of or {}).get(name, names[0])
-        if name == against:
+        if name == baseline_of[name]:
             continue
         s = summaries[name]
-        base = matched_baseline(records[name], records[against])
-        limit = cost_model.bound(records[name], base, target_costs, draft_costs if name != FP32_GREEDY else None)
-        eff = cost_model.efficiency(s.get("speedup_total"), limit) if name != FP32_GREEDY else None
+        limit = (bounds.get(name) or {}).get("bound")
+        eff = cost_model.efficiency(s.get("speedup_total"), limit)
         rows[name] = {"tok_per_s": s["tok_per_s"], "speedup": s.get("speedup"), "speedup_ci95": s.get("speedup_ci95"),
-                      "speedup_total": s.get("speedup_total"), "tau": s.get("tau"),
-                      "bound": limit if name != FP32_GREEDY else None, "efficiency": eff}
+                      "speedup_total": s.get("speedup_total"), "tau": s.get("tau"), "bound": limit, "efficiency": eff}
         print(f"{name:<14} {fmt(s['tok_per_s']):>7} {speedup_text(s):>22} {fmt(s.get('speedup_total')):>5} "
-              f"{fmt(s.get('tau')):>5} {fmt(rows[name]['bound']):>6} {fmt(eff):>10}")
+              f"{fmt(s.get('tau')):>5} {fmt(limit):>6} {fmt(eff):>10}")
     return rows
 
 

@@ -19,8 +19,11 @@ from types import SimpleNamespace
 import torch
 
 from specbench.decoding import loop
+from specbench.decoding.generation import Generation
 from specbench.backends.torch.cached_lm import CachedLM
 from specbench.backends.llamacpp.lm import LlamaCppLM
+from specbench.methods.base import NoTimeline
+from specbench.methods.greedy import Greedy
 
 
 def is_target(lm) -> bool:
@@ -129,6 +132,19 @@ def stale_kv():
         for cls, real in ((CachedLM, hf), (LlamaCppLM, cpp)):
             for name, value in real.items():
                 setattr(cls, name, value)
+
+
+class ThirdTokenBug(Greedy):
+    """Greedy with a bug: the third token is replaced by the target's least likely token after its forward chose
+    (the evidence still names the token the forward chose)."""
+
+    def generate(self, prompt_ids, max_new_tokens, eos_ids, timeline=NoTimeline()) -> Generation:
+        gen = super().generate(prompt_ids, max_new_tokens, eos_ids, timeline)
+        if len(gen.tokens) >= 3:
+            target = CachedLM(self.pair.target)
+            worst = int(target.forward(list(prompt_ids) + gen.tokens[:2], keep_last=1)[-1].argmin())
+            gen.tokens[2] = worst
+        return gen
 
 
 PLANTED = {"second_best": second_best, "shifted_positions": shifted_positions, "stale_kv": stale_kv}

@@ -18,7 +18,7 @@ from specbench.models.gguf_pair import build_tiny_gguf_pair
 from specbench.models.tiny import build_tiny_pair
 
 from .conftest import run_cli
-from .planted_bugs import PLANTED, verdicts
+from .planted_bugs import PLANTED, ThirdTokenBug, verdicts
 
 # every even token's output row copied onto the next (odd) one: each argmax is an exact tie between two tokens,
 # which argmax breaks towards the even one
@@ -43,19 +43,6 @@ class TieFlipGreedy(DecodingMethod):
         gen = Generation(tokens=finalize_tokens(out, max_new_tokens, eos_ids), accept_lengths=[1] * len(out),
                          evidence=evidence)
         gen.count_forwards(target)
-        return gen
-
-
-class ThirdTokenBug(Greedy):
-    """Greedy with a bug: the third token is replaced by the target's least likely token after its forward chose
-    (the evidence still names the token the forward chose)."""
-
-    def generate(self, prompt_ids, max_new_tokens, eos_ids, timeline=NoTimeline()) -> Generation:
-        gen = super().generate(prompt_ids, max_new_tokens, eos_ids, timeline)
-        if len(gen.tokens) >= 3:
-            target = CachedLM(self.pair.target)
-            worst = int(target.forward(list(prompt_ids) + gen.tokens[:2], keep_last=1)[-1].argmin())
-            gen.tokens[2] = worst
         return gen
 
 

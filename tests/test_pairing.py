@@ -143,3 +143,37 @@ def test_resuming_a_run_measured_with_another_resolution_is_refused_before_loadi
                    env={**os.environ, "OMP_NUM_THREADS": "2"})
     assert proc.returncode == 2 and "runner.records_dir" in proc.stderr and "1 threads" in proc.stderr
     assert len(load(records, "greedy")) == 1, "nothing was added"
+
+
+def test_one_round_with_several_baselines_checks_each_method_against_its_own(tmp_path):
+    """make bench's rounds: every variant's greedy is a baseline in the same round, and each method's outputs are
+    checked against its own variant's greedy (a bug planted on the static variant is caught there); greedy on
+    another pair object (make bench's float32 copy) is timed in the round but makes no claim."""
+    from specbench.backends.execution import resolve_execution
+    from specbench.data import Example
+    from specbench.engines.loops import LoopBackend
+    from specbench.methods.greedy import Greedy
+    from specbench.methods.speculative import SpeculativeDecoding
+    from specbench.run.runner import Entry, Runner, RunSpec
+
+    from .planted_bugs import ThirdTokenBug
+    from .test_equivalence import pair_for
+
+    eager = pair_for("llama", 0.05)
+    static = eager.with_execution(resolve_execution("static", "cpu"))
+    other = eager.with_execution(resolve_execution("eager", "cpu"))  # the same weights, another pair object
+    methods = {"greedy": Greedy(eager, "greedy"), "speculative": SpeculativeDecoding(eager, "speculative", gamma=3),
+               "greedy@static": Greedy(static, "greedy"), "bug@static": ThirdTokenBug(static, "bug"),
+               "greedy@other": Greedy(other, "greedy")}
+    baselines = [0, 0, 2, 2, 0]
+    examples = [Example(id=f"p{i}", turns=[t]) for i, t in enumerate(["abcabcabcabd", "the cat sat on the mat"])]
+    entries = [Entry(m, RunSpec(key="k", method=name, pair=eager.name, data="d", records_dir=tmp_path))
+               for name, m in methods.items()]
+    runner = Runner(LoopBackend(eager, 10, warmup=0, threads=1, exact=True), progress=False)
+    measured = dict(zip(methods, runner.run(entries, examples, examples[0], baselines=baselines)))
+    verdicts = {name: [r.lossless and r.lossless["verdict"] for r in recs] for name, recs in measured.items()}
+    assert verdicts == {"greedy": [None, None], "speculative": ["identical", "identical"],
+                        "greedy@static": [None, None], "bug@static": ["MISMATCH", "MISMATCH"],
+                        "greedy@other": [None, None]}
+    rounds = [{r.pairing["round"] for r in recs} for recs in measured.values()]
+    assert all(ids == rounds[0] for ids in rounds) and len(rounds[0]) == 2  # one round per prompt, all in it

@@ -3,8 +3,9 @@
 An **engine** (a conf/engine/ option; ``Engine`` below) says what it adds to a run's identity, checks everything
 that can be checked before a model loads or an engine starts, resolves the run's precision (also before anything
 loads: ``check_resolution`` compares it with the records already kept) and ``open``s a run: an ``EngineRun``, the
-engine's part of one benchmark — the round backend the runner times (runner.RoundBackend), the losslessness check, the
-entries it decodes with, and what the summary says about how the run was measured.
+engine's part of one benchmark — the round backend the runner times (runner.RoundBackend, which also checks a
+method's outputs against its baseline's), the entries it decodes with, and what the summary says about how the run
+was measured.
 
 ``measure`` is everything else, the same for every engine: the inputs (components.run_inputs), the pairing mode
 (interleaved, separate, a skipped baseline, a baseline run alone), the rounds (runner.Runner), the engine's untimed
@@ -14,7 +15,7 @@ report's sweeps and the DISCO and draft-head pipelines reach it through ``benchm
 from __future__ import annotations
 
 import sys
-from typing import Any, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 from omegaconf import DictConfig
 
@@ -30,8 +31,8 @@ from ..run.summaries import finish
 class EngineRun(Protocol):
     """One benchmark's engine side, from ``Engine.open``: nothing is timed here (the runner times the backend)."""
 
-    backend: RoundBackend  # what the runner drives: rounds of prompts, timing only the generations
-    lossless: Any         # classify(prompt, greedy_ids, method_ids) at temperature 0 (analysis/lossless.py), or None
+    backend: RoundBackend  # what the runner drives: rounds of prompts, timing only the generations, and the
+                           # losslessness check of a method against its baseline (RoundBackend.lossless)
     label: str            # how the tracker names the run after method@pair/data ("" or " (vllm, batch 4)")
 
     def method_entry(self, spec: RunSpec) -> Entry:
@@ -73,7 +74,7 @@ def measure(engine: Engine, cfg: DictConfig, spec: RunSpec, pair=None) -> dict:
 
     def runner(logged: bool) -> Runner:  # the tracker logs the method's records, not a separate baseline's
         return Runner(run.backend, repeats=cfg.runner.repeats, progress=cfg.runner.progress,
-                      scorer=inputs.dataset.scorer, lossless=run.lossless, tracker=inputs.tracker if logged else None)
+                      scorer=inputs.dataset.scorer, tracker=inputs.tracker if logged else None)
 
     source = "runner.threads" if cfg.runner.threads else "the cores this process may use"
     print(f"[specbench] threads: {inputs.threads} ({source}); pairing: {pairing_mode(cfg)}", file=sys.stderr)

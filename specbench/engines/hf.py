@@ -13,7 +13,6 @@ from ..run.components import RunInputs, needs_draft_model
 from ..analysis.cost_tables import CostTableStore, cost_table_identity
 from ..analysis.costs import run_bound
 from ..errors import require
-from ..analysis.lossless import LosslessCheck
 from ..files import cache_root
 from ..backends.precision import precision_of_config
 from ..run.runner import Entry, RunSpec
@@ -50,8 +49,8 @@ class HfEngine:
 
 
 class HfRun:
-    """engine=hf's side of one benchmark: the pair loaded (unless given), our loops as the round backend, the
-    losslessness check on the pair's own noise; after the rounds, the bound and the capture counts."""
+    """engine=hf's side of one benchmark: the pair loaded (unless given), our loops as the round backend (which
+    checks losslessness on the pair's own noise); after the rounds, the bound and the capture counts."""
 
     label = ""
 
@@ -66,8 +65,8 @@ class HfRun:
         self.backend = LoopBackend(pair, inputs.dataset.max_new_tokens, warmup=cfg.runner.warmup,
                                    warmup_max_new_tokens=cfg.runner.warmup_max_new_tokens,
                                    seed=inputs.sampling["seed"], config=inputs.config,
-                                   chat=inputs.dataset.chat_template, threads=inputs.threads)
-        self.lossless = LosslessCheck(pair, inputs.threads) if inputs.sampling["temperature"] == 0 else None
+                                   chat=inputs.dataset.chat_template, threads=inputs.threads,
+                                   exact=inputs.sampling["temperature"] == 0)
 
     def method_entry(self, spec: RunSpec) -> Entry:
         return self.entry("method", spec)
@@ -96,23 +95,36 @@ class HfRun:
         return facts
 
     def bound(self, method: Entry, records: list, baseline_records: list) -> dict | None:
-        """The speed-up this machine's forward costs allow the run (costs.run_bound), priced after every round."""
+        """The speed-up this machine's forward costs allow the run (``method_bound``), priced after every round."""
         cfg, pair, threads = self.cfg, self.pair, self.inputs.threads
         prompt = self.backend.encode([{"role": "user", "content": self.inputs.examples[0].prompt}], False)
-        drafter = getattr(method.method, "self_draft", None)  # a draft made of the target's own layers (swift)
-        head = getattr(method.method, "head_cost_probe", None)  # a draft head's forwards (eagle, medusa, ...)
-        store = (CostTableStore(cache_root() / "cost_tables",
-                                cost_table_identity(OmegaConf.to_container(cfg.model, resolve=True), pair, threads))
+        store = (cost_table_store(OmegaConf.to_container(cfg.model, resolve=True), pair, threads)
                  if cfg.runner.cost_tables == "reuse" else None)
-        started = time.perf_counter()
-        limit = run_bound(pair, records, baseline_records, prompt, draft=drafter() if drafter else None,
-                          head=head() if head else None, store=store)
-        if limit is None:
-            return None
-        limit["bound_s"] = time.perf_counter() - started
-        how = {role: done["tables"] for role, done in limit["cost_tables"].items()}
-        print(f"[specbench] bound: forward costs in {limit['bound_s']:.1f} s (tables "
-              f"{', '.join(f'{role} {what}' for role, what in how.items())}"
-              f"{'; runner.cost_tables=measure re-measures them' if 'reused' in how.values() else ''})",
-              file=sys.stderr)
-        return limit
+        return method_bound(method.method, records, baseline_records, prompt, store)
+
+
+def cost_table_store(model: dict, pair, threads: int) -> CostTableStore:
+    """Where this pair's forward-cost tables are kept between runs on this machine (analysis/cost_tables.py)."""
+    return CostTableStore(cache_root() / "cost_tables", cost_table_identity(model, pair, threads))
+
+
+def method_bound(method, records: list, baseline_records: list, prompt: list[int], store: CostTableStore | None,
+                 repeats: int = 3, reuse_key: str = "runner.cost_tables") -> dict | None:
+    """The bound of ``method``'s records against their paired baseline records (costs.run_bound), with the forwards
+    its own drafting ran: a draft made of the target's layers (swift's ``self_draft``), a draft head's
+    (``head_cost_probe``: EAGLE, Medusa, ...); tables reused from ``store`` where they hold. The CLI's summary and
+    make bench's efficiency rows both come from here. reuse_key: the setting that turns reuse off (said when used)."""
+    drafter = getattr(method, "self_draft", None)
+    head = getattr(method, "head_cost_probe", None)
+    started = time.perf_counter()
+    limit = run_bound(method.pair, records, baseline_records, prompt, repeats=repeats,
+                      draft=drafter() if drafter else None, head=head() if head else None, store=store)
+    if limit is None:
+        return None
+    limit["bound_s"] = time.perf_counter() - started
+    how = {role: done["tables"] for role, done in limit["cost_tables"].items()}
+    print(f"[specbench] bound: forward costs in {limit['bound_s']:.1f} s (tables "
+          f"{', '.join(f'{role} {what}' for role, what in how.items())}"
+          f"{f'; {reuse_key}=measure re-measures them' if 'reused' in how.values() else ''})",
+          file=sys.stderr)
+    return limit

@@ -12,6 +12,9 @@ from __future__ import annotations
 
 import sys
 
+import torch
+
+from ..analysis.lossless import LosslessCheck
 from ..data import Example
 from ..decoding.evidence import rounded
 from ..environment import environment
@@ -27,14 +30,19 @@ class LoopBackend:
     batched = False
 
     def __init__(self, pair: ModelPair, max_new_tokens: int, warmup: int = 1, warmup_max_new_tokens: int = 16,
-                 seed: int = 0, config: dict | None = None, chat: bool | None = None, threads: int | None = None):
-        self.pair, self.max_new_tokens, self.chat = pair, max_new_tokens, chat
+                 seed: int = 0, config: dict | None = None, chat: bool | None = None, threads: int | None = None,
+                 exact: bool = False):
+        """exact: greedy decoding (temperature 0), whose outputs are checked against the baseline's (``lossless``);
+        sampled outputs are compared by distribution (the tests), not token by token."""
+        self.pair, self.max_new_tokens, self.chat, self.exact = pair, max_new_tokens, chat, exact
         self.warmup, self.warmup_max_new_tokens, self.seed = warmup, warmup_max_new_tokens, seed
         self.config = config or {}
         self.stopwatch = Stopwatch(pair.device)
         self.examples: list[Example] = []  # the dataset being run, in order (warm-start replays read it)
         self.states: dict[tuple[int, str], dict[int, object]] = {}  # (method, run) -> {i: state before prompt i}
         self.env = {**environment(pair.device), "threads": threads}
+        self.threads = threads
+        self.checks: dict[int, LosslessCheck] = {}  # id(pair) -> its check (its own measured noise)
 
     # --- the runner's interface
 
@@ -55,10 +63,13 @@ class LoopBackend:
     def generate(self, entry: Entry, prompts, repeat: int) -> list[Measurement]:
         return [self.measure(entry.method, entry.spec, example, index, repeat) for index, example in prompts]
 
-    def classifies(self, entry: Entry) -> bool:
-        """Only the runner's own pair's outputs (``make bench --fp32``: another dtype, no claim; other execution
-        modes are checked by make bench against their own greedy)."""
-        return entry.method.pair is self.pair
+    def lossless(self, entry: Entry, baseline: Entry) -> LosslessCheck | None:
+        """At temperature 0, methods decoding on their baseline's pair, with that pair's check (its own noise);
+        another pair (make bench's float32 greedy, another execution mode or backend) makes no claim."""
+        pair = entry.method.pair
+        if not self.exact or pair is not baseline.method.pair:
+            return None
+        return self.checks.setdefault(id(pair), LosslessCheck(pair, self.threads or torch.get_num_threads()))
 
     # --- untimed preparation
 

@@ -29,8 +29,10 @@ class VllmBackend:
 
     def __init__(self, codec, max_new_tokens: int, batch_size: int, sampling: dict, warmup: int = 1,
                  warmup_max_new_tokens: int = 16, config: dict | None = None, chat: bool | None = None,
-                 env: dict | None = None):
+                 env: dict | None = None, check=None):
+        """check: the losslessness check at temperature 0 (engines/vllm_lossless.py), None otherwise."""
         self.codec, self.max_new_tokens, self.batch_size = codec, max_new_tokens, batch_size
+        self.check = check
         self.sampling, self.warmup, self.warmup_max_new_tokens = sampling, warmup, warmup_max_new_tokens
         self.config, self.chat, self.env = config or {}, chat, env or {}
 
@@ -38,8 +40,8 @@ class VllmBackend:
         for entry in entries:  # every engine is timed in every round
             self.warm_up(entry.method, warmup_example)
 
-    def classifies(self, entry: Entry) -> bool:
-        return True  # the baseline's and the method's engines load the same files
+    def lossless(self, entry: Entry, baseline: Entry):
+        return self.check  # the baseline's and the method's engines load the same files
 
     def warm_up(self, session, example) -> None:
         """Untimed: a full batch of the warm-up prompt (start-up costs, the batch's shapes)."""
@@ -146,14 +148,14 @@ class VllmRun:
         self.method = self.base if is_baseline else OnFirstUse(starter("method", speculative))
         env = {**environment(torch.device(device)), "threads": threads, "engine": f"vllm {engine.version}",
                "precision": self.precision.as_record(), "model_info": {"target": files.target, "draft": files.draft}}
-        self.lossless = None
+        check = None
         if sampling["temperature"] == 0 and not is_baseline:
-            self.lossless = VllmLosslessCheck(self.base, codec, {
+            check = VllmLosslessCheck(self.base, codec, {
                 "files": files, "engine": OmegaConf.to_container(cfg.engine), "threads": threads,
                 "vllm": engine.version, "device": device})
         self.backend = VllmBackend(codec, inputs.dataset.max_new_tokens, self.batch_size, sampling,
                                    warmup=cfg.runner.warmup, warmup_max_new_tokens=cfg.runner.warmup_max_new_tokens,
-                                   config=inputs.config, chat=inputs.dataset.chat_template, env=env)
+                                   config=inputs.config, chat=inputs.dataset.chat_template, env=env, check=check)
 
     def method_entry(self, spec) -> Entry:
         return Entry(self.method, spec)

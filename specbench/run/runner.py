@@ -101,27 +101,33 @@ class RoundBackend(Protocol):
     def generate(self, entry: Entry, prompts: Round, repeat: int) -> list[Measurement]:
         """One entry's generations on one round's prompts, timing the generations only: a record per prompt."""
 
-    def classifies(self, entry: Entry) -> bool:
-        """Whether ``entry``'s outputs are checked against the baseline's (same weights, same numerics)."""
+    def lossless(self, entry: Entry, baseline: Entry) -> Any:
+        """What classifies ``entry``'s outputs against ``baseline``'s on the same prompt (``classify(prompt,
+        greedy_turn, method_turn)``: analysis/lossless.LosslessCheck on their pair, engine=vllm's own), or None:
+        not checked (sampled outputs; another dtype or execution mode than the baseline's, whose tokens may
+        differ at near-ties without a bug)."""
 
 
 class Runner:
-    def __init__(self, backend: RoundBackend, repeats: int = 1, progress: bool = True, scorer=None, lossless=None,
-                 tracker=None):
-        """lossless: anything with ``classify(prompt, greedy_ids, method_ids)`` (lossless.LosslessCheck, vLLM's):
-        at temperature 0, each measured entry's output is classified against the baseline's of the same round
-        (or ``reference``) after the clocks stop. tracker: logs each record of the measured entries."""
+    def __init__(self, backend: RoundBackend, repeats: int = 1, progress: bool = True, scorer=None, tracker=None):
+        """After the clocks stop, each measured entry's output is classified against its baseline's of the same
+        round (or ``reference``) where the backend gives a check for the two (``RoundBackend.lossless``).
+        tracker: logs each record of the measured entries."""
         self.backend, self.repeats, self.progress = backend, repeats, progress
-        self.scorer, self.lossless, self.tracker = scorer, lossless, tracker
+        self.scorer, self.tracker = scorer, tracker
 
     def run(self, entries: list[Entry], examples: list[Example], warmup_example: Example,
-            reference: list[RunRecord] | None = None, order_offset: int = 0) -> list[list[RunRecord]]:
+            reference: list[RunRecord] | None = None, order_offset: int = 0,
+            baselines: list[int] | None = None) -> list[list[RunRecord]]:
         """Measure every entry on every (example, repeat) it has no record for; return each entry's records.
 
         One entry: timed on its own. Several: ``entries[0]`` is the baseline, timed in every round next to the
         entries that need that round; its returned records are those paired with the others' returned records.
         reference: baseline records to classify single-entry outputs against (``runner.pairing=separate``).
         order_offset: added to the rotation of the order within rounds (make bench counts prompts across datasets).
+        baselines: per entry, the index of the entry its outputs are checked against (itself: a baseline, not
+        checked); default ``entries[0]`` for every other entry. make bench times several baselines in one round
+        (each backend's and execution mode's greedy, each method checked against its own).
         Holds the writer lock of every store whose records decide what is left to do (the methods', or the only
         entry's) throughout, so a parallel job needing the same run waits, then resumes. A paired baseline's
         store is locked only around each append: jobs of other methods sharing it run on in parallel.
@@ -130,9 +136,10 @@ class Runner:
         with ExitStack() as stack:
             for store in sorted({e.spec.store.path: e.spec.store for e in owned}.values(), key=lambda s: str(s.path)):
                 stack.enter_context(store.lock())
-            return self._run(entries, examples, warmup_example, reference, order_offset)
+            return self._run(entries, examples, warmup_example, reference, order_offset,
+                             baselines or [0] * len(entries))
 
-    def _run(self, entries, examples, warmup_example, reference, order_offset):
+    def _run(self, entries, examples, warmup_example, reference, order_offset, baselines):
         units = list(range(1, len(entries))) or [0]  # entries whose records decide what is left to do
         previous = [e.spec.records_for(examples) for e in entries]
         done = {j: {(r.prompt_id, r.repeat) for r in previous[j]} for j in units}
@@ -150,7 +157,8 @@ class Runner:
                        unit="prompt", disable=not self.progress, file=sys.stderr)
             for repeat, prompts, need in rounds:
                 members = [0, *need] if len(entries) > 1 else [0]
-                for j, recs in self.round(entries, members, prompts, repeat, reference, order_offset).items():
+                for j, recs in self.round(entries, members, prompts, repeat, reference, order_offset,
+                                          baselines).items():
                     records[j] += recs
                 bar.update(len(prompts))
             bar.close()
@@ -174,7 +182,7 @@ class Runner:
         return out
 
     def round(self, entries, members: list[int], prompts: Round, repeat: int, reference,
-              order_offset: int) -> dict[int, list[RunRecord]]:
+              order_offset: int, baselines: list[int]) -> dict[int, list[RunRecord]]:
         """Time ``members`` back to back on one round, in an order rotated by the round's place in the dataset and
         the repeat (so a prompt's order changes from repeat to repeat); then score, check, label and write their
         records (the baseline's first). Nothing but the timed generations happens between the members' timings."""
@@ -190,10 +198,11 @@ class Runner:
                 m.record.pairing = {"mode": "interleaved" if round_id else "separate",
                                     "round": f"{round_id}:{k}" if round_id and self.backend.batched else round_id,
                                     "session": SESSION, "position": position, "size": len(order)}
-        if self.lossless is not None:
-            for j in members:
-                if j > 0 or not round_id:  # the paired baseline is what the others are checked against
-                    self.check(entries[j], prompts, measured[j], measured[0] if round_id else None, reference)
+        for j in members:  # each against its baseline in this round; timed alone, against ``reference``
+            if not round_id:
+                self.check(entries[j], entries[j], prompts, measured[j], None, reference)
+            elif baselines[j] != j and baselines[j] in measured:
+                self.check(entries[j], entries[baselines[j]], prompts, measured[j], measured[baselines[j]], None)
         for m in (m for j in members for m in measured[j]):  # the rows' top-K served the check: not kept
             for turn in {id(t): t for t in (m.record, *m.record.turn_list)}.values():
                 turn.evidence = []
@@ -212,16 +221,18 @@ class Runner:
             out[j] = recs
         return out
 
-    def check(self, entry: Entry, prompts: Round, measured: list[Measurement],
+    def check(self, entry: Entry, baseline_entry: Entry, prompts: Round, measured: list[Measurement],
               baseline: list[Measurement] | None, reference: list[RunRecord] | None) -> None:
-        """Each record's losslessness verdict against the baseline's record of its round, or (timed alone) the
-        first repeat of its prompt in ``reference``; none where the backend does not check this entry."""
-        if not self.backend.classifies(entry):
+        """Each record's losslessness verdict against ``baseline_entry``'s record of its round, or (timed alone)
+        the first repeat of its prompt in ``reference`` (records of ``entry``'s own baseline, same decoder);
+        none where the backend has no check for the two."""
+        check = self.backend.lossless(entry, baseline_entry)
+        if check is None:
             return
         for k, ((_, example), m) in enumerate(zip(prompts, measured)):
             against = baseline[k].record if baseline else first_repeat(reference or [], example.id)
             if against is not None:
-                m.record.lossless = classify_record(self.lossless, m.prompts, m.record, against)
+                m.record.lossless = classify_record(check, m.prompts, m.record, against)
 
 
 def prompt_of(messages: list[dict], conversation: bool):
