@@ -1,0 +1,170 @@
+"""Serving metrics from per-request token timelines: TTFT, TPOT, ITL, end-to-end latency and their percentiles,
+throughput and goodput per load level, paired speed-ups of a speculative server over its baseline, and the load at
+which speculation stops paying (the crossover), each with an interval.
+
+A request's timeline (records/requests.RequestRecord) holds, relative to the level's start, when it was due
+(``arrival_s``), sent (``sent_s``) and finished (``done_s``), and each streamed chunk as ``[seconds after sending,
+tokens in the chunk]``: a speculative server streams the tokens one step accepted as one chunk. Definitions, as
+production benchmark clients use them (vLLM's ``bench serve``, GuideLLM):
+
+- TTFT: sending to the first chunk; E2E: sending to the last byte; ITL: the gap between consecutive chunks (one
+  value per gap, so a chunk of several tokens is one gap, as a user sees it);
+- TPOT: (E2E − TTFT) / (tokens − 1), the mean time per output token after the first (requests of one token have
+  none);
+- per-user tokens/s: tokens / E2E of each request (interactivity); throughput: all output tokens over the level's
+  span (first send to last finish); goodput: requests per second that met the SLO (TTFT and TPOT limits, each
+  optional).
+
+Percentiles interpolate linearly between order statistics (numpy's default, as those clients report them).
+"""
+from __future__ import annotations
+
+import math
+import random
+import statistics
+from dataclasses import dataclass
+
+from .metrics import bootstrap_mean_ci
+
+PERCENTILES = (50, 95, 99)
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    """The q-th percentile (0..100), linear between order statistics; None for no values."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = (len(ordered) - 1) * q / 100
+    low = math.floor(rank)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+def percentiles(values: list[float], qs=PERCENTILES) -> dict[str, float | None]:
+    """{"p50": ..., "p95": ..., "p99": ..., "mean": ...} of ``values`` (None each when empty)."""
+    return {**{f"p{q}": percentile(values, q) for q in qs}, "mean": statistics.fmean(values) if values else None}
+
+
+@dataclass(frozen=True)
+class Timing:
+    """One finished request's latencies, seconds (TPOT None for a single-token output)."""
+
+    ttft: float
+    e2e: float
+    tpot: float | None
+    itl: list[float]
+    tokens: int
+
+    @property
+    def user_tok_per_s(self) -> float:
+        return self.tokens / self.e2e if self.e2e > 0 else 0.0
+
+
+def timing(chunks: list[list[float]], e2e: float) -> Timing | None:
+    """A request's latencies from its chunks ``[[t_after_send, tokens], ...]`` and its end-to-end time; None when
+    it streamed no token (a failed or empty request: counted apart, never as a zero latency)."""
+    chunks = [c for c in chunks if c[1] > 0]
+    if not chunks:
+        return None
+    tokens = int(sum(n for _, n in chunks))
+    ttft = chunks[0][0]
+    tpot = (e2e - ttft) / (tokens - 1) if tokens > 1 else None
+    itl = [b[0] - a[0] for a, b in zip(chunks, chunks[1:])]
+    return Timing(ttft, e2e, tpot, itl, tokens)
+
+
+@dataclass(frozen=True)
+class Slo:
+    """A service-level objective per request, milliseconds; None: no limit on that latency."""
+
+    ttft_ms: float | None = None
+    tpot_ms: float | None = None
+
+    def met(self, t: Timing) -> bool:
+        return ((self.ttft_ms is None or t.ttft * 1e3 <= self.ttft_ms)
+                and (self.tpot_ms is None or t.tpot is None or t.tpot * 1e3 <= self.tpot_ms))
+
+
+def level_summary(requests: list, slo: Slo = Slo()) -> dict:
+    """One load level's numbers over its requests (records/requests.RequestRecord): completed and failed counts,
+    the span, throughput (output tokens/s, requests/s), goodput under ``slo``, mean per-user tokens/s and the
+    TTFT / TPOT / ITL / E2E percentiles in milliseconds."""
+    done = [(r, timing(r.chunks, r.done_s - r.sent_s)) for r in requests if r.error is None]
+    timed = [(r, t) for r, t in done if t is not None]
+    failed = len(requests) - len(timed)
+    if not timed:
+        return {"completed": 0, "failed": failed}
+    span = max(r.done_s for r, _ in timed) - min(r.sent_s for r, _ in timed)
+    tokens = sum(t.tokens for _, t in timed)
+    ms = lambda xs: percentiles([x * 1e3 for x in xs])  # noqa: E731
+    return {
+        "completed": len(timed), "failed": failed, "span_s": span, "output_tokens": tokens,
+        "tok_per_s": tokens / span if span > 0 else None,
+        "req_per_s": len(timed) / span if span > 0 else None,
+        "goodput_req_per_s": sum(slo.met(t) for _, t in timed) / span if span > 0 else None,
+        "slo": {"ttft_ms": slo.ttft_ms, "tpot_ms": slo.tpot_ms},
+        "user_tok_per_s": statistics.fmean(t.user_tok_per_s for _, t in timed),
+        "ttft_ms": ms([t.ttft for _, t in timed]),
+        "tpot_ms": ms([t.tpot for _, t in timed if t.tpot is not None]),
+        "itl_ms": ms([gap for _, t in timed for gap in t.itl]),
+        "e2e_ms": ms([t.e2e for _, t in timed]),
+    }
+
+
+def paired_ratios(method: list, baseline: list) -> list[float]:
+    """Per prompt of a level, the method's per-user tokens/s over the baseline's on the same prompt in the same
+    round (``round`` and ``prompt_id`` match), both finished; the mean over a prompt's repeats comes later."""
+    theirs = {(r.round, r.prompt_id): r for r in baseline if r.error is None}
+    out = []
+    for r in method:
+        b = theirs.get((r.round, r.prompt_id))
+        mine = timing(r.chunks, r.done_s - r.sent_s) if r.error is None else None
+        base = timing(b.chunks, b.done_s - b.sent_s) if b is not None else None
+        if mine is not None and base is not None and base.user_tok_per_s > 0:
+            out.append(mine.user_tok_per_s / base.user_tok_per_s)
+    return out
+
+
+def level_speedup(method: list, baseline: list) -> dict:
+    """The paired per-user speed-up at one level (mean of per-request ratios, 95% interval over requests) and the
+    throughput ratio of the two levels' spans."""
+    ratios = paired_ratios(method, baseline)
+    mine, base = level_summary(method), level_summary(baseline)
+    throughput = (mine["tok_per_s"] / base["tok_per_s"]
+                  if mine.get("tok_per_s") and base.get("tok_per_s") else None)
+    return {"speedup": statistics.fmean(ratios) if ratios else None, "pairs": len(ratios),
+            "speedup_ci95": bootstrap_mean_ci([[x] for x in ratios]), "throughput_ratio": throughput}
+
+
+def crossing(levels: list[float], speedups: list[float]) -> float | None:
+    """The first load at which the speed-up falls to 1: interpolated linearly in log(load) between the last level
+    above 1 and the next at or below it; the first level when it is already at or below 1 there; None (no
+    crossover within the levels) when it never does."""
+    for k, (x, s) in enumerate(zip(levels, speedups)):
+        if s <= 1:
+            if k == 0:
+                return x
+            x0, s0 = levels[k - 1], speedups[k - 1]
+            w = (s0 - 1) / (s0 - s)
+            return math.exp(math.log(x0) + w * (math.log(x) - math.log(x0)))
+    return None
+
+
+def crossover(levels: list[float], ratios: list[list[float]], samples: int = 4000, seed: int = 0) -> dict:
+    """The load (concurrency or arrival rate, ``levels`` ascending) at which speculation stops paying, from each
+    level's paired ratios: its point estimate (``crossing`` of the levels' mean ratios, None: no crossover within
+    the levels) and a 95% percentile bootstrap interval (each level's ratios resampled on their own). A resample
+    that never crosses lies beyond the last level: an interval end there is None, and ``beyond`` is the share of
+    such resamples. Levels without ratios are left out."""
+    kept = [(x, r) for x, r in zip(levels, ratios) if r]
+    if not kept:
+        return {"crossover": None, "ci95": None, "levels": []}
+    xs = [x for x, _ in kept]
+    point = crossing(xs, [statistics.fmean(r) for _, r in kept])
+    rng = random.Random(seed)
+    resampled = sorted(math.inf if c is None else c for c in (
+        crossing(xs, [statistics.fmean(rng.choices(r, k=len(r))) for _, r in kept]) for _ in range(samples)))
+    low, high = (resampled[int(q * (samples - 1))] for q in (0.025, 0.975))
+    beyond = sum(c == math.inf for c in resampled) / samples
+    return {"crossover": point, "ci95": [None if low == math.inf else low, None if high == math.inf else high],
+            "beyond": beyond, "levels": xs}

@@ -1,0 +1,69 @@
+"""Load schedules for a serving run: closed-loop concurrency and open-loop Poisson arrivals, each bounded in request
+count and in time.
+
+- **Closed loop** (``kind = concurrency``, value N): N clients, each sending its next prompt as soon as its last
+  request finished, until ``requests`` were sent. Measures latency at a fixed number of requests in flight: the
+  offline batch-size sweep's question, asked of a server.
+- **Open loop** (``kind = rate``, value λ requests/s): requests due at the arrivals of a Poisson process of rate λ
+  (exponential gaps, seeded), sent when due whatever is in flight: queueing shows as it would in production, and
+  a server slower than λ falls behind (TTFT grows) instead of slowing the load down.
+
+Both stop sending at ``max_s`` seconds after the level starts; requests still unfinished ``drain_s`` later are cut
+(recorded as failed, with what they streamed).
+"""
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+from ...errors import require
+
+KINDS = ("concurrency", "rate")
+
+
+@dataclass(frozen=True)
+class LoadLevel:
+    kind: str        # concurrency | rate
+    value: float     # clients in flight (an integer >= 1), or requests per second (> 0)
+    requests: int    # requests sent at this level, at most
+    max_s: float     # no request is sent later than this after the level starts
+    drain_s: float = 60.0  # how long unfinished requests may run on after max_s before they are cut
+
+    def __post_init__(self):
+        require(self.kind in KINDS, "serving.load.kind", f"must be one of {list(KINDS)}, got {self.kind!r}")
+        if self.kind == "concurrency":
+            require(float(self.value).is_integer() and self.value >= 1, "serving.load.levels",
+                    f"a concurrency level is an integer >= 1, got {self.value!r}")
+        else:
+            require(self.value > 0, "serving.load.levels", f"an arrival rate is > 0 requests/s, got {self.value!r}")
+        require(isinstance(self.requests, int) and self.requests >= 1, "serving.load.requests",
+                f"must be an integer >= 1, got {self.requests!r}")
+        require(self.max_s > 0 and self.drain_s >= 0, "serving.load.max_s",
+                f"must be > 0 seconds (drain_s >= 0), got max_s={self.max_s!r}, drain_s={self.drain_s!r}")
+
+    @property
+    def label(self) -> str:
+        return f"c{int(self.value)}" if self.kind == "concurrency" else f"r{self.value:g}"
+
+    def as_record(self) -> dict:
+        return {"kind": self.kind, "value": self.value}
+
+
+def poisson_arrivals(rate: float, count: int, seed: int, max_s: float | None = None) -> list[float]:
+    """Seconds after the level starts at which ``count`` requests fall due (exponential gaps of mean 1/rate, the
+    first after one gap), those past ``max_s`` dropped. The same seed gives the same schedule, so a speculative
+    server and its baseline see the same arrivals."""
+    rng = random.Random(seed)
+    out, t = [], 0.0
+    for _ in range(count):
+        t += rng.expovariate(rate)
+        if max_s is not None and t > max_s:
+            break
+        out.append(t)
+    return out
+
+
+def prompt_order(count: int, prompts: int, offset: int = 0) -> list[int]:
+    """Which prompt each of ``count`` requests sends: the dataset in order from ``offset``, cycling (a level with
+    more requests than prompts repeats them; both servers send the same sequence)."""
+    return [(offset + k) % prompts for k in range(count)]
