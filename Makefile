@@ -15,6 +15,8 @@ LLAMA_BUILT := $(LLAMA_WHEELS)/.built
 LLAMA_NO_AMX := $(if $(filter x86_64,$(shell uname -m)),-DCMAKE_C_FLAGS='-mno-amx-tile -mno-amx-int8 -mno-amx-bf16' \
 	-DCMAKE_CXX_FLAGS='-mno-amx-tile -mno-amx-int8 -mno-amx-bf16')
 CONVERTED_STAMP := $(VENV)/.converted
+LLAMA_SERVER := $(VENV)/llama-server/llama-server
+LLAMA_SERVER_SRC := $(VENV)/llama-server/src
 ARGS ?=
 # One tested dependency set: every install below goes through the lock (exact versions of every package, made by
 # `make lock` from a venv that passed `make test`), so make run, make test and make bench get the same versions
@@ -35,7 +37,7 @@ NEWEST_TESTS := tests/test_swift.py tests/test_cached_lm.py tests/test_static_ex
 extra = $(shell $(PYTHON) -c "import shlex, tomllib; print(' '.join(map(shlex.quote, tomllib.load(open('pyproject.toml', 'rb'))['project']['optional-dependencies']['$(1)'])))")
 
 .DEFAULT_GOAL := help
-.PHONY: help install install-vllm llamacpp references embedded run docs test test-fast test-newest lock bench disco heads spec-bench-heads datastore \
+.PHONY: help install install-vllm llamacpp references embedded run docs test test-fast test-newest lock bench disco heads spec-bench-heads datastore llama-server \
 	report gpu-bundle gpu-check clean
 
 help: ## Show this help
@@ -97,6 +99,24 @@ $(REF_STAMP): pyproject.toml $(LOCK) $(VLLM_STAMP)  # speculators imports packag
 	touch $(REF_STAMP)
 
 references: $(REF_STAMP) ## Add the reference implementations the parity tests compare with (part of make install)
+
+$(LLAMA_SERVER): pyproject.toml $(LOCK) | $(VENV_STAMP)
+	# llama.cpp's own server, from the llama.cpp inside the same source package the bindings compile (make
+	# llamacpp), with the same flags (this CPU's instructions, AMX compiled out); linked statically, without its Web
+	# UI and without network code: nothing is fetched at build or run time. ~6 min on 2 cores, once
+	rm -rf $(LLAMA_SERVER_SRC) && mkdir -p $(LLAMA_SERVER_SRC)
+	$(BIN)/pip download --quiet --no-deps --no-binary :all: --constraint $(LOCK) --dest $(LLAMA_SERVER_SRC) \
+		$(call extra,llamacpp)
+	tar -xzf $(LLAMA_SERVER_SRC)/llama_cpp_python-*.tar.gz -C $(LLAMA_SERVER_SRC) --strip-components=1 \
+		--wildcards '*/vendor/llama.cpp/*'
+	cmake -S $(LLAMA_SERVER_SRC)/vendor/llama.cpp -B $(LLAMA_SERVER_SRC)/build -DCMAKE_BUILD_TYPE=Release \
+		-DBUILD_SHARED_LIBS=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF \
+		-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF $(LLAMA_NO_AMX) > $(LLAMA_SERVER_SRC)/configure.log
+	cmake --build $(LLAMA_SERVER_SRC)/build --target llama-server -j $$(nproc) > $(LLAMA_SERVER_SRC)/build.log
+	cp $(LLAMA_SERVER_SRC)/build/bin/llama-server $(LLAMA_SERVER)
+	rm -rf $(LLAMA_SERVER_SRC)
+
+llama-server: $(LLAMA_SERVER) ## Build llama.cpp's llama-server from the bindings' llama.cpp source into .venv/llama-server/ (engine=llama_server)
 
 llamacpp: $(LLAMA_STAMP) ## Add llama.cpp (llama-cpp-python, compiled here) to .venv: model.backend=llamacpp (part of make install)
 

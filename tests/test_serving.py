@@ -42,8 +42,8 @@ def request(prompt="p0", round_id="r", sent=0.0, chunks=((0.1, 1),), done=None, 
             **kw) -> RequestRecord:
     chunks = [list(c) for c in chunks]
     return RequestRecord(run_key="k", server="fake", speculative=False, level={"kind": "concurrency", "value": 1},
-                         round=round_id, repeat=0, prompt_id=prompt, prompt_index=prompt_index, arrival_s=sent, sent_s=sent,
-                         done_s=done if done is not None else sent + (chunks[-1][0] if chunks else 0.0),
+                         round=round_id, repeat=0, prompt_id=prompt, prompt_index=prompt_index, arrival_s=sent,
+                         sent_s=sent, done_s=done if done is not None else sent + (chunks[-1][0] if chunks else 0.0),
                          chunks=chunks, new_tokens=sum(n for _, n in chunks), error=error, **kw)
 
 
