@@ -15,14 +15,15 @@ import httpx
 import numpy as np
 import pytest
 
-from specbench.analysis.latency import (Slo, crossing, crossover, level_summary, paired_ratios, percentile,
-                                        timing)
+from specbench.analysis.latency import (Slo, crossing, crossover, level_speedup, level_summary, paired_ratios,
+                                        percentile, timing)
 from specbench.engines.serving.client import OpenAICompletions, stream
 from specbench.engines.serving.driver import run_level
 from specbench.engines.serving.load import LoadLevel, poisson_arrivals, prompt_order
 from specbench.engines.serving.process import ServerDied, ServerProcess, free_port
 from specbench.errors import ConfigError
-from specbench.records.requests import RequestRecord
+from specbench.records.requests import Timeline
+from specbench.records.schema import RunRecord
 
 from .conftest import ROOT
 from .limits import generous
@@ -38,13 +39,18 @@ def eventually(condition, seconds: float) -> bool:
     return True
 
 
-def request(prompt="p0", round_id="r", sent=0.0, chunks=((0.1, 1),), done=None, error=None, prompt_index=0,
-            **kw) -> RequestRecord:
+def request(prompt="p0", sent=0.0, chunks=((0.1, 1),), done=None, error=None) -> Timeline:
     chunks = [list(c) for c in chunks]
-    return RequestRecord(run_key="k", server="fake", speculative=False, level={"kind": "concurrency", "value": 1},
-                         round=round_id, repeat=0, prompt_id=prompt, prompt_index=prompt_index, arrival_s=sent,
-                         sent_s=sent, done_s=done if done is not None else sent + (chunks[-1][0] if chunks else 0.0),
-                         chunks=chunks, new_tokens=sum(n for _, n in chunks), error=error, **kw)
+    return Timeline(prompt_id=prompt, level={"kind": "concurrency", "value": 1}, arrival_s=sent, sent_s=sent,
+                    done_s=done if done is not None else sent + (chunks[-1][0] if chunks else 0.0),
+                    chunks=chunks, new_tokens=sum(n for _, n in chunks), error=error)
+
+
+def served(prompt: str, round_id: str, **timeline) -> RunRecord:
+    """A served request's record: its timeline and the runner's round (``<round>:<position>``)."""
+    t = request(prompt, **timeline)
+    return RunRecord(prompt_id=prompt, new_tokens=t.new_tokens, wall_s=t.e2e_s, serving=t.to_dict(),
+                     pairing={"round": round_id})
 
 
 # --- metrics from hand-built timelines
@@ -81,13 +87,15 @@ def test_level_summary_counts_failures_apart_and_goodput_follows_the_slo():
     assert level_summary([request(error="x")]) == {"completed": 0, "failed": 1}
 
 
-def test_speedups_pair_requests_by_round_and_prompt():
-    base = [request("a", "r1", chunks=[(0.1, 1), (0.4, 4)]), request("b", "r1", chunks=[(0.2, 5)]),
-            request("a", "r2", chunks=[(0.1, 5)])]
-    spec = [request("a", "r1", chunks=[(0.1, 1), (0.2, 4)]),  # 5 tokens in 0.2 s against 0.4 s: 2x
-            request("b", "r1", chunks=[(0.2, 5)], error="dropped"),  # failed: no ratio
-            request("a", "r3", chunks=[(0.1, 5)])]  # no baseline in its round: no ratio
+def test_speedups_pair_each_request_with_the_baselines_in_its_round():
+    base = [served("a", "r1:0", chunks=[(0.1, 1), (0.4, 4)]), served("b", "r1:1", chunks=[(0.2, 5)]),
+            served("a", "r2:0", chunks=[(0.1, 5)])]
+    spec = [served("a", "r1:0", chunks=[(0.1, 1), (0.2, 4)]),  # 5 tokens in 0.2 s against 0.4 s: 2x
+            served("b", "r1:1", chunks=[(0.2, 5)], error="dropped"),  # failed: no ratio
+            served("a", "r3:0", chunks=[(0.1, 5)])]  # no baseline in its round: no ratio
     assert paired_ratios(spec, base) == [2.0]
+    s = level_speedup(spec, base)
+    assert s["speedup"] == 2.0 and s["pairs"] == 1 and s["speedup_ci95"] is None  # one pair: no interval
 
 
 def test_crossover_interpolates_in_log_load_and_says_when_there_is_none():
@@ -137,7 +145,7 @@ def test_bad_load_levels_name_their_key(kwargs, key):
 def in_flight_send(hold_s: float, log: list):
     state = {"now": 0, "peak": 0}
 
-    async def send(record: RequestRecord, start: float) -> None:
+    async def send(record: Timeline, start: float) -> None:
         record.sent_s = time.monotonic() - start
         state["now"] += 1
         state["peak"] = max(state["peak"], state["now"])
@@ -193,16 +201,16 @@ def gone(pid: int) -> bool:
         return f.read().split()[2] == "Z"
 
 
-def serve_level(server: ServerProcess, level: LoadLevel, n: int, done: list) -> list[RequestRecord]:
+def serve_level(server: ServerProcess, level: LoadLevel, n: int, done: list) -> list[Timeline]:
     api = OpenAICompletions("fake")
     base = server.health_url.rsplit("/", 1)[0]
 
     async def go():
         async with httpx.AsyncClient(timeout=30) as client:
             async def send(record, start):
-                await stream(client, base, api, api.body([10 * (record.prompt_index + 1)], 6, 0.0, 1.0, 0), record,
-                             start)
-            records = [request(f"p{k}", prompt_index=k, chunks=[]) for k in range(n)]
+                prompt = [10 * (int(record.prompt_id[1:]) + 1)]
+                await stream(client, base, api, api.body(prompt, 6, 0.0, 1.0, 0), record, start)
+            records = [request(f"p{k}", chunks=[]) for k in range(n)]
             return await run_level(level, records, send, on_done=done.append)
     return asyncio.run(go())
 

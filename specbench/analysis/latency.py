@@ -2,10 +2,10 @@
 throughput and goodput per load level, paired speed-ups of a speculative server over its baseline, and the load at
 which speculation stops paying (the crossover), each with an interval.
 
-A request's timeline (records/requests.RequestRecord) holds, relative to the level's start, when it was due
-(``arrival_s``), sent (``sent_s``) and finished (``done_s``), and each streamed chunk as ``[seconds after sending,
-tokens in the chunk]``: a speculative server streams the tokens one step accepted as one chunk. Definitions, as
-production benchmark clients use them (vLLM's ``bench serve``, GuideLLM):
+A request's timeline (records/requests.Timeline, a served record's ``serving``) holds, relative to the level's start,
+when it was due (``arrival_s``), sent (``sent_s``) and finished (``done_s``), and each streamed chunk as ``[seconds
+after sending, tokens in the chunk]``: a speculative server streams the tokens one step accepted as one chunk.
+Definitions, as production benchmark clients use them (vLLM's ``bench serve``, GuideLLM):
 
 - TTFT: sending to the first chunk; E2E: sending to the last byte; ITL: the gap between consecutive chunks (one
   value per gap, so a chunk of several tokens is one gap, as a user sees it);
@@ -24,6 +24,7 @@ import random
 import statistics
 from dataclasses import dataclass
 
+from ..records.requests import Timeline
 from .metrics import bootstrap_mean_ci
 
 PERCENTILES = (50, 95, 99)
@@ -86,10 +87,10 @@ class Slo:
 
 
 def level_summary(requests: list, slo: Slo = Slo()) -> dict:
-    """One load level's numbers over its requests (records/requests.RequestRecord): completed and failed counts,
+    """One load level's numbers over its requests (records/requests.Timeline): completed and failed counts,
     the span, throughput (output tokens/s, requests/s), goodput under ``slo``, mean per-user tokens/s and the
     TTFT / TPOT / ITL / E2E percentiles in milliseconds."""
-    done = [(r, timing(r.chunks, r.done_s - r.sent_s)) for r in requests if r.error is None]
+    done = [(r, timing(r.chunks, r.e2e_s)) for r in requests if r.error is None]
     timed = [(r, t) for r, t in done if t is not None]
     failed = len(requests) - len(timed)
     if not timed:
@@ -111,25 +112,33 @@ def level_summary(requests: list, slo: Slo = Slo()) -> dict:
     }
 
 
+def timeline_of(record) -> Timeline | None:
+    """A served request's timeline (``RunRecord.serving``), or None for a record that was not served."""
+    return Timeline.from_dict(record.serving) if getattr(record, "serving", None) else None
+
+
 def paired_ratios(method: list, baseline: list) -> list[float]:
-    """Per prompt of a level, the method's per-user tokens/s over the baseline's on the same prompt in the same
-    round (``round`` and ``prompt_id`` match), both finished; the mean over a prompt's repeats comes later."""
-    theirs = {(r.round, r.prompt_id): r for r in baseline if r.error is None}
+    """Per request of a level, the method's per-user tokens/s over the baseline's request on the same prompt in the
+    same round (the runner's round id: ``<round>:<position>``), both finished (schema.RunRecords with ``serving``);
+    the mean over a prompt's repeats comes later."""
+    theirs = {r.pairing["round"]: timeline_of(r) for r in baseline if r.pairing and timeline_of(r)}
     out = []
     for r in method:
-        b = theirs.get((r.round, r.prompt_id))
-        mine = timing(r.chunks, r.done_s - r.sent_s) if r.error is None else None
-        base = timing(b.chunks, b.done_s - b.sent_s) if b is not None else None
-        if mine is not None and base is not None and base.user_tok_per_s > 0:
-            out.append(mine.user_tok_per_s / base.user_tok_per_s)
+        mine, base = timeline_of(r), theirs.get((r.pairing or {}).get("round"))
+        if mine is None or base is None or mine.error or base.error:
+            continue
+        a, b = timing(mine.chunks, mine.e2e_s), timing(base.chunks, base.e2e_s)
+        if a is not None and b is not None and b.user_tok_per_s > 0:
+            out.append(a.user_tok_per_s / b.user_tok_per_s)
     return out
 
 
-def level_speedup(method: list, baseline: list) -> dict:
+def level_speedup(method: list, baseline: list, slo: Slo = Slo()) -> dict:
     """The paired per-user speed-up at one level (mean of per-request ratios, 95% interval over requests) and the
-    throughput ratio of the two levels' spans."""
+    throughput ratio of the two servers' spans at that level."""
     ratios = paired_ratios(method, baseline)
-    mine, base = level_summary(method), level_summary(baseline)
+    mine = level_summary([t for t in map(timeline_of, method) if t], slo)
+    base = level_summary([t for t in map(timeline_of, baseline) if t], slo)
     throughput = (mine["tok_per_s"] / base["tok_per_s"]
                   if mine.get("tok_per_s") and base.get("tok_per_s") else None)
     return {"speedup": statistics.fmean(ratios) if ratios else None, "pairs": len(ratios),

@@ -53,7 +53,7 @@ PER_FORWARD = ("forward_rows", "forward_contexts", "forward_ms")
 # one value per step / per token, recorded where the engine keeps them (our loops; not vLLM, not hf_assisted's steps)
 PER_STEP = ("step_ms", "margins")
 TRANSIENT = ("evidence",)  # kept in memory for the losslessness check, never written
-OPTIONAL = ("category", "turns", "batch", "pairing", "lossless", "score", "tuned")  # written only when set
+OPTIONAL = ("category", "turns", "batch", "pairing", "lossless", "score", "tuned", "serving")  # written only when set
 
 
 @dataclass
@@ -81,6 +81,7 @@ class RunRecord(TurnRecord):
     lossless: dict | None = None            # the verdict against greedy's output (analysis/lossless.py)
     score: dict | None = None               # the dataset's task score
     tuned: dict | None = None               # a proposal length ``auto`` chose, and from what
+    serving: dict | None = None             # a served request's timeline (records/requests.Timeline)
     other: dict = field(default_factory=dict)  # fields of another version of the schema, kept as they were
 
     @classmethod

@@ -17,7 +17,7 @@ from typing import Protocol
 
 import httpx
 
-from ...records.requests import RequestRecord
+from ...records.requests import Timeline
 
 
 @dataclass
@@ -78,7 +78,7 @@ class LlamaServerCompletion:
                      metrics={"timings": timings} if timings else None)
 
 
-async def stream(client: httpx.AsyncClient, base_url: str, api: ServerApi, body: dict, record: RequestRecord,
+async def stream(client: httpx.AsyncClient, base_url: str, api: ServerApi, body: dict, record: Timeline,
                  level_start: float) -> None:
     """Send ``body`` and fill ``record`` as the events arrive: each chunk's time after sending and tokens, the ids
     and text, the finish reason, the server's counters; ``done_s`` when the stream ends. An HTTP status other than

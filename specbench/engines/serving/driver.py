@@ -11,22 +11,22 @@ import asyncio
 import time
 from typing import Awaitable, Callable
 
-from ...records.requests import RequestRecord
+from ...records.requests import Timeline
 from .load import LoadLevel, poisson_arrivals
 
-Send = Callable[[RequestRecord, float], Awaitable[None]]  # fills the record; the float: the level's start (monotonic)
+Send = Callable[[Timeline, float], Awaitable[None]]  # fills the record; the float: the level's start (monotonic)
 
 
-async def run_level(level: LoadLevel, records: list[RequestRecord], send: Send, seed: int = 0,
-                    on_done: Callable[[RequestRecord], None] = lambda record: None) -> list[RequestRecord]:
+async def run_level(level: LoadLevel, records: list[Timeline], send: Send, seed: int = 0,
+                    on_done: Callable[[Timeline], None] = lambda record: None) -> list[Timeline]:
     """Send ``records`` (made in the order their prompts go out) at ``level``'s load; return those sent, in order.
     Closed loop: ``level.value`` clients take the next record as each finishes (``arrival_s`` = when taken). Open
     loop: each record falls due at a Poisson arrival (seeded: the same for a server and its baseline) and is sent
     then, whatever is in flight."""
     start = time.monotonic()
-    sent: list[RequestRecord] = []
+    sent: list[Timeline] = []
 
-    async def one(record: RequestRecord) -> None:
+    async def one(record: Timeline) -> None:
         sent.append(record)
         try:
             await send(record, start)
@@ -53,7 +53,7 @@ async def run_level(level: LoadLevel, records: list[RequestRecord], send: Send, 
     else:
         arrivals = poisson_arrivals(level.value, len(records), seed, level.max_s)
 
-        async def due(record: RequestRecord, at: float) -> None:
+        async def due(record: Timeline, at: float) -> None:
             record.arrival_s = at
             await asyncio.sleep(max(0.0, at - (time.monotonic() - start)))
             await one(record)
