@@ -11,7 +11,7 @@ from omegaconf import DictConfig
 from .run.components import engine_of, spec_for
 from .engines.base import measure
 from .run.config_check import check_settings
-from .errors import ConfigError, LosslessnessError, StorageError
+from .errors import ConfigError, LosslessnessError, ServerError, StorageError
 from .backends.choice import fit_auto_backend
 from .files import write_json
 
@@ -31,6 +31,10 @@ def run(cfg: DictConfig, pair=None) -> dict:
         engine.check(cfg, pair)  # sampling and every _target_ node, before any model loads or engine starts
         summary = measure(engine, cfg, spec, pair)
     except (StorageError, LosslessnessError):  # one line from __main__: a full disk, a run that finished unproven
+        raise
+    except ServerError as exc:  # one line from __main__ too; the report says why the cell is empty
+        write_json(spec.error_path, {"error": f"{type(exc).__name__}: {exc}", "method": spec.method,
+                                     "pair": spec.pair, "data": spec.data, "timestamp": time.time()})
         raise
     except Exception as exc:  # say why this cell of a sweep is empty (the report reads it), whatever failed: a
         # sweep's launcher keeps a failed job's traceback until the whole sweep ends, and records stay kept

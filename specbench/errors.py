@@ -32,8 +32,13 @@ class LosslessnessError(RuntimeError):
     """``runner.strict_lossless``: an output diverged from greedy beyond the measured numerical noise."""
 
 
+class ServerError(RuntimeError):
+    """A server the harness started failed: it exited, never became healthy, or failed requests. The message
+    names it and ends with its log's last lines; requests that finished before are kept."""
+
+
 # every command line's exit status for what ends it: one map (docs/running.md, *Exit status*)
-EXIT_CODES = {ConfigError: 2, LosslessnessError: 3, StorageError: 1}
+EXIT_CODES = {ConfigError: 2, LosslessnessError: 3, StorageError: 1, ServerError: 4}
 INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for Ctrl-C
 
 

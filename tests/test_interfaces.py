@@ -16,6 +16,8 @@ from specbench.backends.torch.static_lm import StaticLM
 from specbench.engines.base import Engine, EngineRun
 from specbench.engines.hf import HfEngine, HfRun
 from specbench.engines.loops import LoopBackend
+from specbench.engines.serving.llama_server import LlamaServerEngine, LlamaServerRun
+from specbench.engines.serving.rounds import ServerBackend
 from specbench.engines.vllm import VllmEngine
 from specbench.engines.vllm_rounds import VllmBackend, VllmRun
 from specbench.methods.swift_draft import SkipDraftLM
@@ -60,9 +62,9 @@ def violations(cls: type, protocol: type) -> list[str]:
 
 
 IMPLEMENTATIONS = [
-    (Engine, HfEngine), (Engine, VllmEngine),
-    (EngineRun, HfRun), (EngineRun, VllmRun),
-    (RoundBackend, LoopBackend), (RoundBackend, VllmBackend),
+    (Engine, HfEngine), (Engine, VllmEngine), (Engine, LlamaServerEngine),
+    (EngineRun, HfRun), (EngineRun, VllmRun), (EngineRun, LlamaServerRun),
+    (RoundBackend, LoopBackend), (RoundBackend, VllmBackend), (RoundBackend, ServerBackend),
     (LanguageModel, CachedLM), (LanguageModel, FeatureLM), (LanguageModel, StaticLM), (LanguageModel, SkipDraftLM),
 ]
 

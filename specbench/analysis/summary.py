@@ -79,8 +79,10 @@ class Summary(Verdicts, total=False):
     threads: int
     bound: dict                          # the bound from this machine's forward costs, and ``efficiency``
     execution: dict                      # static cache / CUDA graphs: the mode and its (untimed) captures
-    engine: str                          # engine=vllm: "vllm <version>"
+    engine: str                          # engine=vllm: "vllm <version>"; engine=llama_server: "llama-server"
     device: str
+    serving: dict                        # served runs: the load level, the SLO, each server's latency percentiles,
+                                         # throughput and goodput, and the paired speed-up (analysis/latency.py)
 
 
 SUMMARY_KEYS = Summary.__required_keys__ | Summary.__optional_keys__

@@ -45,6 +45,9 @@ class EngineRun(Protocol):
         """Untimed, after every round: what the summary adds about the measurement (its bound, how the forwards
         executed, the precision, the threads ...), keyword by keyword as ``summaries.finish`` takes them."""
 
+    def close(self) -> None:
+        """Whatever the run started outside this process (servers), stopped: after the run, an error or Ctrl-C."""
+
 
 @runtime_checkable
 class Engine(Protocol):
@@ -68,9 +71,17 @@ class Engine(Protocol):
 def measure(engine: Engine, cfg: DictConfig, spec: RunSpec, pair=None) -> dict:
     """One benchmark: the rounds in the run's pairing mode, the engine's untimed extras, the summaries."""
     inputs = run_inputs(cfg, engine)
-    base_spec, examples, warmup_example = inputs.base_spec, inputs.examples, inputs.warmup_example
-    check_resolution([spec, base_spec], examples, engine.precision(cfg), inputs.threads)
+    check_resolution([spec, inputs.base_spec], inputs.examples, engine.precision(cfg), inputs.threads)
     run = engine.open(cfg, inputs, spec, pair)
+    try:
+        return measured(cfg, spec, inputs, run)
+    finally:
+        run.close()
+
+
+def measured(cfg: DictConfig, spec: RunSpec, inputs: RunInputs, run: EngineRun) -> dict:
+    """``measure``'s rounds, extras and summary, on an opened run."""
+    base_spec, examples, warmup_example = inputs.base_spec, inputs.examples, inputs.warmup_example
 
     def runner(logged: bool) -> Runner:  # the tracker logs the method's records, not a separate baseline's
         return Runner(run.backend, repeats=cfg.runner.repeats, progress=cfg.runner.progress,

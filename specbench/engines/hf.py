@@ -94,6 +94,9 @@ class HfRun:
                       file=sys.stderr)
         return facts
 
+    def close(self) -> None:
+        """Nothing outside this process: the pair stays loaded for the caller (a pipeline's next run)."""
+
     def bound(self, method: Entry, records: list, baseline_records: list) -> dict | None:
         """The speed-up this machine's forward costs allow the run (``method_bound``), priced after every round."""
         cfg, pair, threads = self.cfg, self.pair, self.inputs.threads

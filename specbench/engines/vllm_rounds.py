@@ -163,6 +163,9 @@ class VllmRun:
     def baseline_entry(self, spec) -> Entry:
         return Entry(self.base, spec)
 
+    def close(self) -> None:
+        """The engines run in this process (vLLM's workers are its children): they end with it."""
+
     def after(self, method: Entry, records: list, baseline_records) -> dict:
         """No bound (vLLM's forwards are not ours to time): how the run was measured."""
         return {"precision": self.precision.as_record(), "dtype": self.precision.dtype, "threads": self.threads,

@@ -22,10 +22,12 @@ from pathlib import Path
 
 import httpx
 
+from ...errors import ServerError
+
 PR_SET_PDEATHSIG = 1
 
 
-class ServerDied(RuntimeError):
+class ServerDied(ServerError):
     """The server exited (or never became healthy): what it said last is in the message."""
 
 

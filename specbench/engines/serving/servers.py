@@ -38,6 +38,7 @@ class LlamaServer:
     spec_type: str | None            # None: the baseline, no speculation
     gamma: int = 4                   # --spec-draft-n-max: tokens drafted per step, at most
     gamma_min: int = 0               # --spec-draft-n-min
+    ngram_size: int = 12             # ngram-simple: the lookup n-gram's length (--spec-ngram-simple-size-n)
     threads: int = 2
     slots: int = 1                   # --parallel: requests decoded at once
     ctx_per_slot: int = 2048
@@ -64,6 +65,9 @@ class LlamaServer:
         if self.spec_type is not None:
             if self.spec_type == "draft-simple":
                 args += ["--model-draft", str(self.draft_gguf), "--threads-draft", str(self.threads)]
+            if self.spec_type == "ngram-simple":  # the lookup n-gram, and drafts of γ tokens
+                args += ["--spec-ngram-simple-size-n", str(self.ngram_size),
+                         "--spec-ngram-simple-size-m", str(self.gamma)]
             args += ["--spec-type", self.spec_type, "--spec-draft-n-max", str(self.gamma),
                      "--spec-draft-n-min", str(self.gamma_min)]
         return args

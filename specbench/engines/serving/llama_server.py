@@ -1,0 +1,225 @@
+"""``engine=llama_server``: llama.cpp's own server under load, speculative against itself without speculation.
+
+Two llama-servers are started on the pair's GGUF files (make llama-server builds the binary from the llama.cpp our
+bindings compile): the baseline (no speculation) and the method's, from the same settings but the method's
+speculation (``method=`` maps below). Each round is one load level (``engine.load``: a closed-loop concurrency or an
+open-loop arrival rate) over the run's prompts, sent to both servers back to back (engines/serving/rounds.py). The
+pair is also loaded in-process on llama.cpp (untimed, idle while the servers run): it encodes the prompts the servers
+are sent as token ids, decodes their outputs, and at T = 0 judges each output against the baseline's by the same
+near-tie rule as our own loops (analysis/lossless.LosslessCheck on the same GGUF and llama.cpp).
+
+``method=`` maps by its config's ``_target_``: greedy → no speculation; speculative → ``--spec-type draft-simple``
+with ``--spec-draft-n-max γ``; prompt_lookup → ``--spec-type ngram-simple`` with the lookup n-gram of
+``method.max_ngram_size`` tokens and drafts of ``method.num_pred_tokens`` (llama.cpp looks up one n-gram length;
+our prompt lookup backs off from max_ngram_size to min_ngram_size: the rows are llama.cpp's method, labelled so).
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from ...analysis.latency import Slo, level_speedup, level_summary, timeline_of
+from ...backends.precision import Precision, precision_of_config
+from ...errors import ConfigError, require
+from ...run.runner import Entry, RunSpec
+from .load import LoadLevel
+from .process import ServerProcess
+from .servers import LlamaServer, llama_server_binary
+
+SPECULATIVE = "specbench.methods.speculative.SpeculativeDecoding"
+PROMPT_LOOKUP = "specbench.methods.prompt_lookup.PromptLookup"
+GREEDY = "specbench.methods.greedy.Greedy"
+
+
+def speculation(method: dict) -> dict | None:
+    """The llama-server settings of ``method`` (a method config), or None for no speculation; ConfigError naming
+    the key for a method llama-server does not have."""
+    target = method.get("_target_")
+    if target == GREEDY:
+        return None
+    if target == SPECULATIVE:
+        require(method.get("policy") is None, "method.policy",
+                "llama-server drafts up to a fixed γ each step; speculation-length policies run with engine=hf")
+        gamma = method.get("gamma", 4)
+        require(isinstance(gamma, int) and gamma >= 1, "method.gamma",
+                f"llama-server needs a number of draft tokens >= 1 (auto is our loops' own), got {gamma!r}")
+        return {"spec_type": "draft-simple", "gamma": gamma}
+    if target == PROMPT_LOOKUP:
+        size_m = method.get("num_pred_tokens", 10)
+        require(isinstance(size_m, int) and size_m >= 1, "method.num_pred_tokens",
+                f"llama-server drafts a fixed number of tokens, got {size_m!r}")
+        return {"spec_type": "ngram-simple", "gamma": size_m, "ngram_size": method.get("max_ngram_size", 3)}
+    raise ConfigError("method", f"{target}: engine=llama_server runs method=greedy (no speculation), "
+                      "method=speculative (its draft-simple) and method=prompt_lookup (its ngram-simple); other "
+                      "methods run on our own loops (engine=hf)")
+
+
+class ServerHandle:
+    """One server of a run, started on first use (a re-run whose records are all kept starts none), stopped by
+    ``close``."""
+
+    def __init__(self, settings: LlamaServer, log_path: Path, start_timeout_s: float):
+        self.settings, self.log_path, self.start_timeout_s = settings, log_path, start_timeout_s
+        self.process: ServerProcess | None = None
+        self.base_url = ""
+        self.api = settings.api
+        self.label = settings.name + (f" ({settings.spec_type})" if settings.spec_type else "")
+
+    def started(self) -> "ServerHandle":
+        if self.process is None:
+            print(f"[specbench] starting {self.label}: {' '.join(self.settings.command(0)[1:])}", file=sys.stderr)
+            self.process, self.base_url = self.settings.process(self.log_path, self.start_timeout_s)
+            self.process.start()
+        return self
+
+    def check(self) -> None:
+        if self.process is not None:
+            self.process.check()
+
+    def close(self) -> None:
+        if self.process is not None:
+            self.process.stop()
+            self.process = None
+
+
+class LlamaServerEngine:
+    """Settings of conf/engine/llama_server.yaml (comments there); ``check``, ``precision`` and ``open`` as every
+    engine (engines/base.Engine)."""
+
+    def __init__(self, name: str = "llama_server", binary: str | None = None, slots: int | None = None,
+                 ctx_per_slot: int = 4096, start_timeout_s: float = 300.0, load: dict | None = None,
+                 slo: dict | None = None):
+        self.name, self.binary, self.slots, self.ctx_per_slot = name, binary, slots, ctx_per_slot
+        self.start_timeout_s = start_timeout_s
+        self.load = dict(load or {})
+        self.slo = dict(slo or {})
+
+    def level(self, cfg: DictConfig) -> LoadLevel:
+        """The run's load level (engine.load), its request count the run's prompts (data.limit)."""
+        load = self.load
+        require(set(load) <= {"kind", "level", "max_s", "drain_s"}, "engine.load",
+                f"keys are kind, level, max_s, drain_s; got {sorted(load)}")
+        limit = cfg.data.get("limit")
+        require(isinstance(limit, int) and limit >= 1, "data.limit",
+                f"a load level sends the run's prompts: give data.limit (got {limit!r})")
+        return LoadLevel(load.get("kind", "concurrency"), load.get("level", 1), limit,
+                         max_s=load.get("max_s", 1800.0), drain_s=load.get("drain_s", 120.0))
+
+    def identity(self, cfg: DictConfig) -> dict:
+        """Added to the run key: the server's settings and the load (numbers differ with both)."""
+        return {"engine": OmegaConf.to_container(cfg.engine, resolve=True)}
+
+    def check(self, cfg: DictConfig, pair=None) -> None:
+        from ...backends.choice import backend_of_config
+        from ...run.config_check import METHOD_RUNTIME, SamplingConfig, check_node, check_schema, plain
+
+        check_schema(plain(cfg, "sampling"), SamplingConfig, "sampling")
+        for key in ("model", "data", "method", "baseline"):
+            check_node(plain(cfg, key), key, METHOD_RUNTIME if key in ("method", "baseline") else {})
+        require(cfg.runner.baseline == "auto" and cfg.runner.pairing == "interleaved", "runner.pairing",
+                "engine=llama_server times its baseline server level by level beside the method's "
+                f"(runner.baseline=auto, runner.pairing=interleaved), got baseline={cfg.runner.baseline}, "
+                f"pairing={cfg.runner.pairing}")
+        require(backend_of_config(OmegaConf.merge(cfg.model, {"backend": "llamacpp"})).llamacpp, "model",
+                f"engine=llama_server serves GGUF files: pair '{cfg.model.get('name')}' has none "
+                "(model=embedded, model=gguf, model=tiny_gguf)")
+        require(speculation(plain(cfg, "baseline")) is None, "baseline",
+                "with engine=llama_server the baseline is the server without speculation (baseline=greedy)")
+        method = speculation(plain(cfg, "method"))
+        require(method is None or method["spec_type"] != "draft-simple" or plain(cfg, "model").get("draft", True),
+                "model.draft", "method=speculative drafts with the pair's draft model: this pair loads none")
+        level = self.level(cfg)
+        require(self.slots is None or (isinstance(self.slots, int) and self.slots >= 1), "engine.slots",
+                f"must be null (the concurrency level) or >= 1, got {self.slots!r}")
+        require(level.kind == "concurrency" or self.slots is not None, "engine.slots",
+                "an open-loop level (engine.load.kind=rate) needs the server's slots set (engine.slots=N)")
+        require(set(self.slo) <= {"ttft_ms", "tpot_ms"}, "engine.slo",
+                f"keys are ttft_ms, tpot_ms; got {sorted(self.slo)}")
+        llama_server_binary(self.binary)
+
+    def precision(self, cfg: DictConfig) -> Precision:
+        return precision_of_config(OmegaConf.merge(cfg.model, {"backend": "llamacpp"}))
+
+    def open(self, cfg: DictConfig, inputs, spec: RunSpec, pair=None) -> "LlamaServerRun":
+        return LlamaServerRun(self, cfg, inputs, spec, pair)
+
+
+class LlamaServerRun:
+    """engine=llama_server's side of one benchmark: the pair in-process (prompts, texts, the near-tie check), the
+    two servers (started on first use), the round backend; ``close`` stops the servers."""
+
+    def __init__(self, engine: LlamaServerEngine, cfg: DictConfig, inputs, spec: RunSpec, pair=None):
+        from ...analysis.lossless import LosslessCheck
+        from ...environment import environment
+        from ...run import components
+        from .rounds import ServerBackend
+
+        model = OmegaConf.merge(cfg.model, {"backend": "llamacpp"})
+        self.pair = pair if pair is not None else components.build(model, "model")
+        self.engine, self.threads, self.level = engine, inputs.threads, engine.level(cfg)
+        is_baseline = inputs.base_spec.key == spec.key
+        method = None if is_baseline else speculation(OmegaConf.to_container(cfg.method, resolve=True))
+        slots = engine.slots or int(self.level.value)
+        draft = getattr(self.pair.draft, "path", None)
+
+        def server(role: str, settings: dict | None) -> ServerHandle:
+            server_settings = LlamaServer(
+                target_gguf=self.pair.target.path, draft_gguf=draft, spec_type=(settings or {}).get("spec_type"),
+                gamma=(settings or {}).get("gamma", 4), threads=inputs.threads, slots=slots,
+                ctx_per_slot=engine.ctx_per_slot, binary=llama_server_binary(engine.binary),
+                ngram_size=(settings or {}).get("ngram_size", 12))
+            log = Path(str(spec.store.path).removesuffix(".jsonl") + f".{role}-server.log")
+            return ServerHandle(server_settings, log, engine.start_timeout_s)
+
+        self.base = server("baseline", None)
+        self.method = self.base if is_baseline else server("method", method)
+        self.label = f" (llama-server, {self.level.label})"
+        env = {**environment(self.pair.device), "threads": inputs.threads, "engine": "llama-server",
+               "precision": self.pair.precision.as_record(), "model_info": self.pair.info,
+               "load": {**self.level.as_record(), "requests": self.level.requests, "slots": slots}}
+        check = LosslessCheck(self.pair, inputs.threads) if inputs.sampling["temperature"] == 0 else None
+        self.backend = ServerBackend(self.pair, self.level, inputs.dataset.max_new_tokens, inputs.sampling,
+                                     warmup=cfg.runner.warmup,
+                                     warmup_max_new_tokens=cfg.runner.warmup_max_new_tokens, config=inputs.config,
+                                     chat=inputs.dataset.chat_template, env=env, check=check,
+                                     server_counters=draft_counts)
+
+    def method_entry(self, spec: RunSpec) -> Entry:
+        return Entry(self.method, spec)
+
+    def baseline_entry(self, spec: RunSpec) -> Entry:
+        return Entry(self.base, spec)
+
+    def after(self, method: Entry, records: list, baseline_records) -> dict:
+        """No bound (the server's forwards are not ours to time): how the run was measured, and the level's
+        latencies, throughput and goodput on each server (analysis/latency.py)."""
+        return {"precision": self.pair.precision.as_record(), "dtype": self.pair.dtype, "threads": self.threads,
+                "engine": "llama-server", "device": "cpu", "batch_size": self.level.requests,
+                "serving": serving_summary(self.level, Slo(**self.engine.slo), records, baseline_records)}
+
+    def close(self) -> None:
+        for handle in {id(h): h for h in (self.base, self.method)}.values():
+            handle.close()
+
+
+def serving_summary(level: LoadLevel, slo: Slo, records: list, baseline_records: list | None) -> dict:
+    """The level's latency percentiles, throughput and goodput on the method's server and the baseline's, and the
+    paired per-user speed-up with its interval."""
+    def timelines(recs):
+        return [t for t in map(timeline_of, recs or []) if t is not None]
+
+    out = {"load": {**level.as_record(), "requests": level.requests}, "slo": {"ttft_ms": slo.ttft_ms,
+                                                                              "tpot_ms": slo.tpot_ms},
+           "method": level_summary(timelines(records), slo)}
+    if baseline_records:
+        out["baseline"] = level_summary(timelines(baseline_records), slo)
+        out["speedup"] = level_speedup(records, baseline_records, slo)
+    return out
+
+
+def draft_counts(timeline) -> tuple[int, int]:
+    """(drafted, accepted) from llama-server's last event (``timings.draft_n``, ``draft_n_accepted``)."""
+    timings = (timeline.server_metrics or {}).get("timings") or {}
+    return int(timings.get("draft_n", 0)), int(timings.get("draft_n_accepted", 0))
