@@ -15,7 +15,7 @@ import httpx
 import numpy as np
 import pytest
 
-from specbench.analysis.latency import (Slo, crossing, crossover, level_speedup, level_summary, paired_ratios,
+from specbench.analysis.latency import (Slo, crossing, crossover, level_summary, serving_metrics, paired_ratios,
                                         percentile, timing)
 from specbench.engines.serving.client import OpenAICompletions, stream
 from specbench.engines.serving.driver import run_level
@@ -46,11 +46,11 @@ def request(prompt="p0", sent=0.0, chunks=((0.1, 1),), done=None, error=None) ->
                     chunks=chunks, new_tokens=sum(n for _, n in chunks), error=error)
 
 
-def served(prompt: str, round_id: str, **timeline) -> RunRecord:
-    """A served request's record: its timeline and the runner's round (``<round>:<position>``)."""
+def served(prompt: str, round_id: str, batch: str = "b", **timeline) -> RunRecord:
+    """A served request's record: its timeline, the runner's round (``<round>:<position>``), its level pass."""
     t = request(prompt, **timeline)
     return RunRecord(prompt_id=prompt, new_tokens=t.new_tokens, wall_s=t.e2e_s, serving=t.to_dict(),
-                     pairing={"round": round_id})
+                     pairing={"round": round_id}, batch={"id": batch})
 
 
 # --- metrics from hand-built timelines
@@ -94,8 +94,17 @@ def test_speedups_pair_each_request_with_the_baselines_in_its_round():
             served("b", "r1:1", chunks=[(0.2, 5)], error="dropped"),  # failed: no ratio
             served("a", "r3:0", chunks=[(0.1, 5)])]  # no baseline in its round: no ratio
     assert paired_ratios(spec, base) == [2.0]
-    s = level_speedup(spec, base)
-    assert s["speedup"] == 2.0 and s["pairs"] == 1 and s["speedup_ci95"] is None  # one pair: no interval
+    s = serving_metrics(spec, base)
+    assert s["user_speedup"] == 2.0 and s["user_speedup_pairs"] == 1 and s["user_speedup_ci95"] is None  # 1 pair
+
+
+def test_rates_are_per_level_pass_and_averaged_not_pooled_across_passes():
+    """Each pass's times start at its own 0: pooling two passes' spans would read 8 tokens over 2 s."""
+    recs = [served("a", "r1:0", "b1", chunks=[(0.5, 2)]), served("b", "r1:1", "b1", sent=0.5, chunks=[(0.5, 2)]),
+            served("a", "r2:0", "b2", chunks=[(1.0, 2)]), served("b", "r2:1", "b2", sent=1.0, chunks=[(1.0, 2)])]
+    s = serving_metrics(recs, None)
+    assert math.isclose(s["served_tok_per_s"], (4 / 1.0 + 4 / 2.0) / 2)
+    assert math.isclose(s["ttft_p50_ms"], 750.0) and s["served_failed"] == 0
 
 
 def test_crossover_interpolates_in_log_load_and_says_when_there_is_none():

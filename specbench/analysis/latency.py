@@ -133,18 +133,6 @@ def paired_ratios(method: list, baseline: list) -> list[float]:
     return out
 
 
-def level_speedup(method: list, baseline: list, slo: Slo = Slo()) -> dict:
-    """The paired per-user speed-up at one level (mean of per-request ratios, 95% interval over requests) and the
-    throughput ratio of the two servers' spans at that level."""
-    ratios = paired_ratios(method, baseline)
-    mine = level_summary([t for t in map(timeline_of, method) if t], slo)
-    base = level_summary([t for t in map(timeline_of, baseline) if t], slo)
-    throughput = (mine["tok_per_s"] / base["tok_per_s"]
-                  if mine.get("tok_per_s") and base.get("tok_per_s") else None)
-    return {"speedup": statistics.fmean(ratios) if ratios else None, "pairs": len(ratios),
-            "speedup_ci95": bootstrap_mean_ci([[x] for x in ratios]), "throughput_ratio": throughput}
-
-
 def crossing(levels: list[float], speedups: list[float]) -> float | None:
     """The first load at which the speed-up falls to 1: interpolated linearly in log(load) between the last level
     above 1 and the next at or below it; the first level when it is already at or below 1 there; None (no
@@ -177,3 +165,58 @@ def crossover(levels: list[float], ratios: list[list[float]], samples: int = 400
     beyond = sum(c == math.inf for c in resampled) / samples
     return {"crossover": point, "ci95": [None if low == math.inf else low, None if high == math.inf else high],
             "beyond": beyond, "levels": xs}
+
+
+def by_batch(records: list) -> list[list[Timeline]]:
+    """Served records' timelines, one list per level pass (``batch.id``: a round's requests to one server, their
+    times relative to that pass's start)."""
+    passes: dict[str, list[Timeline]] = {}
+    for r in records:
+        t = timeline_of(r)
+        if t is not None:
+            passes.setdefault((r.batch or {}).get("id", ""), []).append(t)
+    return list(passes.values())
+
+
+RATES = ("tok_per_s", "req_per_s", "goodput_req_per_s")
+
+
+def served(records: list, slo: Slo = Slo()) -> dict:
+    """One server's numbers over a run's level passes: the rates (throughput, goodput) of each pass averaged over
+    passes, the latency percentiles over every request of every pass."""
+    passes = by_batch(records)
+    pooled = level_summary([t for p in passes for t in p], slo)
+    if not pooled.get("completed"):
+        return pooled
+    each = [level_summary(p, slo) for p in passes]
+    for key in RATES:
+        values = [s[key] for s in each if s.get(key) is not None]
+        pooled[key] = statistics.fmean(values) if values else None
+    pooled["passes"] = len(passes)
+    pooled.pop("span_s", None)
+    return pooled
+
+
+def serving_metrics(records: list, baseline_records: list | None, slo: Slo = Slo()) -> dict:
+    """A served run's flat numbers, as summaries and reports show them: the method's server's and the baseline's
+    throughput, goodput, per-user tokens/s and latency percentiles (ms), the paired per-user speed-up with its
+    interval and the throughput ratio (the mean over passes of each pass's ratio)."""
+    mine = served(records, slo)
+    out = {"served_tok_per_s": mine.get("tok_per_s"), "goodput": mine.get("goodput_req_per_s"),
+           "user_tok_per_s": mine.get("user_tok_per_s"), "served_failed": mine.get("failed")}
+    for name in ("ttft", "tpot", "itl", "e2e"):
+        for q in ("p50", "p99"):
+            out[f"{name}_{q}_ms"] = (mine.get(f"{name}_ms") or {}).get(q)
+    if baseline_records:
+        base = served(baseline_records, slo)
+        out.update(baseline_served_tok_per_s=base.get("tok_per_s"), baseline_goodput=base.get("goodput_req_per_s"),
+                   baseline_user_tok_per_s=base.get("user_tok_per_s"),
+                   baseline_ttft_p50_ms=(base.get("ttft_ms") or {}).get("p50"),
+                   baseline_tpot_p50_ms=(base.get("tpot_ms") or {}).get("p50"))
+        ratios = paired_ratios(records, baseline_records)
+        out["user_speedup"] = statistics.fmean(ratios) if ratios else None
+        out["user_speedup_ci95"] = bootstrap_mean_ci([[x] for x in ratios])
+        out["user_speedup_pairs"] = len(ratios)
+        out["throughput_ratio"] = (out["served_tok_per_s"] / out["baseline_served_tok_per_s"]
+                                   if out["served_tok_per_s"] and out["baseline_served_tok_per_s"] else None)
+    return out

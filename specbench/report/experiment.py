@@ -20,6 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 from ..cli import register_configs
 from ..conf_dir import CONF, group_options
 from ..analysis.costs import repriced
+from ..analysis.latency import Slo, serving_metrics
 from ..run.components import spec_for
 from ..errors import ConfigError
 from ..analysis.metrics import matched_baseline, mean_sl, one_per_prompt, rate, summarize
@@ -148,6 +149,9 @@ def load_cell(job: list[str], cfg: DictConfig, limit: int | None) -> Cell:
     cell.summary["accuracy_primary"] = primary_value(cell.summary.get("accuracy"))
     cell.summary["mean_sl"] = mean_sl(cell.records)
     cell.summary.update(measured_facts(cell.spec))
+    if any(r.serving for r in cell.records):  # a served run: its latencies and throughput from its timelines
+        slo = Slo(**(OmegaConf.to_container(cfg.engine.slo) if cfg.engine.get("slo") else {}))
+        cell.summary.update(serving_metrics(cell.records, cell.baseline_records or None, slo))
     if cell.summary.get("bound"):  # the run's cost tables priced on the records selected here (costs.repriced)
         cell.summary["bound"] = repriced(cell.summary["bound"], cell.records, cell.baseline_records,
                                          cell.summary.get("speedup_total")) or cell.summary["bound"]

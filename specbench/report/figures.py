@@ -11,6 +11,7 @@ alpha_curve    per-position acceptance α_k against k, one line per cell (record
 speedup_vs_batch  throughput speed-up against runner.batch_size (engine=vllm), 95% interval bars, a line per method
 speedup_by_category  Spec-Bench: speed-up per category and overall per method, ours and the leaderboard's
 acceptance_by_category  Spec-Bench: α_k and the distribution of tokens per step, per category and method
+speedup_vs_load, pareto, latency_vs_load  serving sweeps (report/serving.py)
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from ..training.disco.tables import oracle_statistics
 from ..analysis.metrics import acceptance_by_position
 from .figure_files import save
 from .paper import canonical, match_stats
+from .serving import FIGURES as SERVING_FIGURES
 from .spec_bench import acceptance_by_category, speedup_by_category
 from .tables import METRICS, Metric, column_keys_of, label_for, row_keys_of
 
@@ -268,5 +270,6 @@ def speedup_vs_batch(exp, out_dir: Path) -> list[Path]:
     return save(fig, out_dir, "speedup_vs_batch")
 
 
-FIGURES = {f.__name__: f for f in (speed_bars, topk_curve, match_k_bars, oracle_sl_hist, tau_speedup, metric_bars,
-                                   alpha_curve, speedup_vs_batch, speedup_by_category, acceptance_by_category)}
+FIGURES = {**{f.__name__: f for f in (speed_bars, topk_curve, match_k_bars, oracle_sl_hist, tau_speedup, metric_bars,
+                                      alpha_curve, speedup_vs_batch, speedup_by_category, acceptance_by_category)},
+           **SERVING_FIGURES}

@@ -80,14 +80,18 @@ def cell_entry(spec, cell: Cell, keys: list[str]) -> Entry:
         # engine=vllm (batches): throughput of whole batches and its paired speed-up (metrics.throughput_compare)
         batch_tok_per_s=s.get("batch_tok_per_s"), throughput_speedup=s.get("throughput_speedup"),
         baseline_batch_tok_per_s=s.get("batch_tok_per_s") if own else s.get("baseline_batch_tok_per_s"),
-        **bound_values(s.get("bound")))
+        **bound_values(s.get("bound")),
+        # served runs (engine=llama_server): the server's throughput and latencies (analysis/latency.serving_metrics)
+        **{key: s.get(key) for key in SERVING_VALUES})
+    if own and s.get("served_tok_per_s") is not None:  # the baseline server's own cell
+        entry.values["baseline_served_tok_per_s"] = s["served_tok_per_s"]
     if s.get("speedup") is None and not own:  # paired, but no token both emitted alike with a clock to read there
         entry.values["speedup"] = "no identical work" if s.get("speedup_whole") is not None else "no baseline"
     if repeats:
         entry.stds = {"tok_per_s": s.get("tok_per_s_std"), "speedup": s.get("speedup_std")}
     intervals = {"speedup": s.get("speedup_ci95"), "latency_speedup": s.get("speedup_ci95"),
                  "speedup_whole": s.get("speedup_whole_ci95"), "tau": s.get("tau_ci95"),
-                 "throughput_speedup": s.get("throughput_speedup_ci95")}
+                 "throughput_speedup": s.get("throughput_speedup_ci95"), "user_speedup": s.get("user_speedup_ci95")}
     entry.intervals = {k: tuple(v) for k, v in intervals.items() if v}
     if own:  # the baseline against itself: exactly 1 (and τ 1), no interval needed to rank it
         entry.exact = {"speedup", "speedup_whole", "latency_speedup", "tau"}
@@ -96,6 +100,13 @@ def cell_entry(spec, cell: Cell, keys: list[str]) -> Entry:
     if "speedup" in entry.intervals:  # a paired speed-up: its interval says more than a std over repeats
         entry.stds.pop("speedup", None)
     return entry
+
+
+# a served run's numbers, as serving_metrics names them (and the report's METRICS show them)
+SERVING_VALUES = ("served_tok_per_s", "baseline_served_tok_per_s", "throughput_ratio", "user_speedup",
+                  "user_tok_per_s", "baseline_user_tok_per_s", "goodput", "baseline_goodput", "ttft_p50_ms",
+                  "ttft_p99_ms", "tpot_p50_ms", "tpot_p99_ms", "itl_p99_ms", "e2e_p99_ms", "baseline_ttft_p50_ms",
+                  "baseline_tpot_p50_ms")
 
 
 # the metrics computed over identical work at T = 0 (analysis/identical_work.py), flagged together when a cell is unlike

@@ -10,6 +10,7 @@ from .experiment import hydra_context, load_experiment
 from .figures import FIGURES
 from .heads import write_heads
 from .paper import build, write
+from .serving import write_crossovers
 from .spec_bench import category_entries
 from .tables import to_markdown
 
@@ -37,6 +38,7 @@ def render_experiment(name: str, overrides: list[str] | None = None, out: Path =
     out_dir = Path(out) / name
     paths = write(table, out_dir, name)
     paths.update(write_heads(exp, out_dir))  # the draft heads its rows decoded with: training and evaluation
+    paths.update(write_crossovers(exp, out_dir))  # a serving sweep: where speculation stops paying
     for figure in exp.spec.get("figures") or []:
         if figure not in FIGURES:
             raise ConfigError(f"experiment.figures: {figure!r} is not one of {sorted(FIGURES)}")

@@ -48,6 +48,19 @@ METRICS = {
     "baseline_batch_tok_per_s": Metric("greedy throughput (tok/s)"),   # engine=vllm: whole batches
     "batch_tok_per_s": Metric("throughput (tok/s)"),
     "throughput_speedup": Metric("throughput speed-up", suffix="×"),
+    # served runs (engine=llama_server; analysis/latency.serving_metrics)
+    "served_tok_per_s": Metric("throughput (tok/s)"),
+    "baseline_served_tok_per_s": Metric("greedy throughput (tok/s)"),
+    "throughput_ratio": Metric("throughput ×", suffix="×"),
+    "user_speedup": Metric("per-user speed-up", suffix="×"),
+    "user_tok_per_s": Metric("per-user tok/s"),
+    "baseline_user_tok_per_s": Metric("greedy per-user tok/s"),
+    "goodput": Metric("goodput (req/s)"),
+    "baseline_goodput": Metric("greedy goodput (req/s)"),
+    **{f"{name}_{q}_ms": Metric(f"{name.upper()} {q} (ms)", spec=".0f", higher_is_better=False)
+       for name in ("ttft", "tpot", "itl", "e2e") for q in ("p50", "p99")},
+    "baseline_ttft_p50_ms": Metric("greedy TTFT p50 (ms)", spec=".0f", higher_is_better=False),
+    "baseline_tpot_p50_ms": Metric("greedy TPOT p50 (ms)", spec=".0f", higher_is_better=False),
     "lcp": Metric("len(LCP)", spec=".1f"),
     "match_1_draft": Metric("#Match-1(d, d̂)", spec=".1f"),
     **{f"match_{k}": Metric(f"#Match-{k} discarded", spec=".1f") for k in (1, 2, 3, 4)},

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from ...analysis.latency import Slo, level_speedup, level_summary, timeline_of
+from ...analysis.latency import Slo, serving_metrics
 from ...backends.precision import Precision, precision_of_config
 from ...errors import ConfigError, require
 from ...run.runner import Entry, RunSpec
@@ -205,18 +205,10 @@ class LlamaServerRun:
 
 
 def serving_summary(level: LoadLevel, slo: Slo, records: list, baseline_records: list | None) -> dict:
-    """The level's latency percentiles, throughput and goodput on the method's server and the baseline's, and the
-    paired per-user speed-up with its interval."""
-    def timelines(recs):
-        return [t for t in map(timeline_of, recs or []) if t is not None]
-
-    out = {"load": {**level.as_record(), "requests": level.requests}, "slo": {"ttft_ms": slo.ttft_ms,
-                                                                              "tpot_ms": slo.tpot_ms},
-           "method": level_summary(timelines(records), slo)}
-    if baseline_records:
-        out["baseline"] = level_summary(timelines(baseline_records), slo)
-        out["speedup"] = level_speedup(records, baseline_records, slo)
-    return out
+    """The load, the SLO and the run's serving numbers (analysis/latency.serving_metrics)."""
+    return {"load": {**level.as_record(), "requests": level.requests},
+            "slo": {"ttft_ms": slo.ttft_ms, "tpot_ms": slo.tpot_ms},
+            **serving_metrics(records, baseline_records, slo)}
 
 
 def draft_counts(timeline) -> tuple[int, int]:

@@ -1,0 +1,163 @@
+"""Serving sweeps' figures and their crossover (engine=llama_server: a cell per method and load level).
+
+speedup_vs_load   per-user speed-up (paired, 95% interval) and throughput ratio against the load, a line per
+                  method, the crossover (where the per-user speed-up falls to 1) marked with its interval
+pareto            throughput against per-user tokens/s, speculation on and off, one point per load level
+latency_vs_load   TTFT and TPOT percentiles against the load, speculation on and off
+
+``crossovers(exp)`` is the table under the figures: per method, the load at which speculation stops paying
+(analysis/latency.crossover over each level's paired per-request ratios), or that it does not within the levels.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from matplotlib.figure import Figure
+
+from ..analysis.latency import crossover, paired_ratios
+from .figure_files import save
+
+LEVEL_KEY = "engine.load.level"
+KIND_KEY = "engine.load.kind"
+
+
+def served_cells(exp) -> dict[str, list]:
+    """The finished served cells with a baseline, by method name, each list in ascending load."""
+    lines: dict[str, list] = {}
+    for cell in exp.cells:
+        if cell.status == "ok" and cell.baseline_records and cell.summary.get("served_tok_per_s") is not None:
+            lines.setdefault(str(cell.value("method.name")), []).append(cell)
+    for cells in lines.values():
+        cells.sort(key=lambda c: float(c.value(LEVEL_KEY)))
+    return lines
+
+
+def load_label(exp) -> str:
+    kinds = {c.value(KIND_KEY) for c in exp.cells}
+    return "arrival rate (requests/s)" if kinds == {"rate"} else "concurrency (requests in flight)"
+
+
+def load_axis(ax, exp) -> None:
+    """A log2 axis of the load levels measured, each labelled as written."""
+    levels = sorted({float(c.value(LEVEL_KEY)) for cells in served_cells(exp).values() for c in cells})
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(levels, [f"{x:g}" for x in levels])
+    ax.minorticks_off()
+    ax.set_xlabel(load_label(exp))
+
+
+def crossovers(exp) -> dict[str, dict]:
+    """Per method: the load at which the per-user speed-up falls to 1, with its 95% bootstrap interval."""
+    out = {}
+    for method, cells in served_cells(exp).items():
+        levels = [float(c.value(LEVEL_KEY)) for c in cells]
+        out[method] = crossover(levels, [paired_ratios(c.records, c.baseline_records) for c in cells])
+    return out
+
+
+def speedup_vs_load(exp, out_dir: Path) -> list[Path]:
+    lines = served_cells(exp)
+    if not lines:
+        return []
+    fig = Figure(figsize=(5.2, 3.6))
+    ax = fig.subplots()
+    found = crossovers(exp)
+    for method, cells in lines.items():
+        xs = [float(c.value(LEVEL_KEY)) for c in cells]
+        ys = [c.summary.get("user_speedup") for c in cells]
+        bounds = [c.summary.get("user_speedup_ci95") or (y, y) for c, y in zip(cells, ys)]
+        errors = [[max(y - lo, 0.0) for y, (lo, _) in zip(ys, bounds)], [max(hi - y, 0.0) for y, (_, hi) in
+                                                                          zip(ys, bounds)]]
+        line = ax.errorbar(xs, ys, yerr=errors, marker="o", ms=4, capsize=3, label=f"{method}: per-user")
+        ax.plot(xs, [c.summary.get("throughput_ratio") for c in cells], ls=":", marker="s", ms=3,
+                color=line[0].get_color(), label=f"{method}: throughput")
+        c = found.get(method) or {}
+        if c.get("crossover") is not None:
+            low, high = c["ci95"]
+            ax.axvline(c["crossover"], color=line[0].get_color(), lw=0.8, ls="-.")
+            if low is not None:
+                ax.axvspan(low, high if high is not None else max(xs), color=line[0].get_color(), alpha=0.08)
+    ax.axhline(1.0, color="grey", lw=0.8, ls="--", label="1.0×: speculation stops paying")
+    load_axis(ax, exp)
+    ax.set_ylabel("speed-up vs the server without speculation")
+    ax.legend(fontsize=7)
+    ax.set_title(exp.spec.get("title", exp.name), fontsize=8)
+    return save(fig, out_dir, "speedup_vs_load")
+
+
+def pareto(exp, out_dir: Path) -> list[Path]:
+    lines = served_cells(exp)
+    if not lines:
+        return []
+    fig = Figure(figsize=(5.2, 3.6))
+    ax = fig.subplots()
+    first = next(iter(lines.values()))
+    base = [(c.summary.get("baseline_user_tok_per_s"), c.summary.get("baseline_served_tok_per_s"),
+             c.value(LEVEL_KEY)) for c in first]
+    ax.plot([b[0] for b in base], [b[1] for b in base], marker="o", color="black", label="no speculation")
+    for method, cells in lines.items():
+        ax.plot([c.summary.get("user_tok_per_s") for c in cells], [c.summary.get("served_tok_per_s") for c in cells],
+                marker="o", label=method)
+    for user, total, level in base:
+        if user is not None and total is not None:
+            ax.annotate(f"{level}", (user, total), fontsize=6, xytext=(3, 3), textcoords="offset points")
+    ax.set_xlabel("per-user tokens/s (interactivity)")
+    ax.set_ylabel("throughput (output tokens/s)")
+    ax.legend(fontsize=7)
+    ax.set_title(f"{exp.spec.get('title', exp.name)}: points are load levels", fontsize=8)
+    return save(fig, out_dir, "pareto")
+
+
+def latency_vs_load(exp, out_dir: Path) -> list[Path]:
+    lines = served_cells(exp)
+    if not lines:
+        return []
+    fig = Figure(figsize=(7.6, 3.2))
+    left, right = fig.subplots(1, 2)
+    first = next(iter(lines.values()))
+    xs0 = [float(c.value(LEVEL_KEY)) for c in first]
+    left.plot(xs0, [c.summary.get("baseline_ttft_p50_ms") for c in first], color="black", marker="o",
+              label="no speculation, p50")
+    right.plot(xs0, [c.summary.get("baseline_tpot_p50_ms") for c in first], color="black", marker="o",
+               label="no speculation, p50")
+    for method, cells in lines.items():
+        xs = [float(c.value(LEVEL_KEY)) for c in cells]
+        for ax, name in ((left, "ttft"), (right, "tpot")):
+            line, = ax.plot(xs, [c.summary.get(f"{name}_p50_ms") for c in cells], marker="o", label=f"{method}, p50")
+            ax.plot(xs, [c.summary.get(f"{name}_p99_ms") for c in cells], ls=":", marker="^",
+                    color=line.get_color(), label=f"{method}, p99")
+    for ax, what in ((left, "TTFT (ms)"), (right, "TPOT (ms)")):
+        load_axis(ax, exp)
+        ax.set_ylabel(what)
+        ax.legend(fontsize=6)
+    return save(fig, out_dir, "latency_vs_load")
+
+
+FIGURES = {f.__name__: f for f in (speedup_vs_load, pareto, latency_vs_load)}
+
+
+def write_crossovers(exp, out_dir: Path) -> dict:
+    """crossover.json and crossover.md beside the table, for an experiment with served cells; {} otherwise."""
+    import json
+
+    found = crossovers(exp)
+    if not found:
+        return {}
+    out_dir.mkdir(parents=True, exist_ok=True)
+    lines = [f"Where speculation stops paying ({load_label(exp)}): the load at which the per-user speed-up over the "
+             "server without speculation falls to 1.0×, interpolated in log load between levels, with a 95% "
+             "bootstrap interval over each level's paired requests.", ""]
+    for method, c in found.items():
+        low, high = c["ci95"] if c["ci95"] else (None, None)
+        levels = ", ".join(f"{x:g}" for x in c["levels"])
+        if c["crossover"] is None:
+            text = f"none within the levels measured ({levels}); {c['beyond']:.0%} of resamples never cross"
+        else:
+            interval = f"[{'%.2f' % low if low is not None else '≤ first level'}, " \
+                       f"{'%.2f' % high if high is not None else '> ' + levels.split(', ')[-1]}]"
+            text = f"{c['crossover']:.2f} {interval} (levels {levels})"
+        lines.append(f"- {method}: {text}")
+    paths = {"crossover.json": out_dir / "crossover.json", "crossover.md": out_dir / "crossover.md"}
+    paths["crossover.json"].write_text(json.dumps(found, indent=2))
+    paths["crossover.md"].write_text("\n".join(lines) + "\n")
+    return paths
