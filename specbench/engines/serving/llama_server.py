@@ -51,7 +51,7 @@ def speculation(method: dict) -> dict | None:
         require(isinstance(size_m, int) and size_m >= 1, "method.num_pred_tokens",
                 f"llama-server drafts a fixed number of tokens, got {size_m!r}")
         return {"spec_type": "ngram-simple", "gamma": size_m, "ngram_size": method.get("max_ngram_size", 3)}
-    raise ConfigError("method", f"{target}: engine=llama_server runs method=greedy (no speculation), "
+    raise ConfigError(f"method: {target}: engine=llama_server runs method=greedy (no speculation), "
                       "method=speculative (its draft-simple) and method=prompt_lookup (its ngram-simple); other "
                       "methods run on our own loops (engine=hf)")
 

@@ -30,15 +30,15 @@ class LoadLevel:
     drain_s: float = 60.0  # how long unfinished requests may run on after max_s before they are cut
 
     def __post_init__(self):
-        require(self.kind in KINDS, "serving.load.kind", f"must be one of {list(KINDS)}, got {self.kind!r}")
+        require(self.kind in KINDS, "engine.load.kind", f"must be one of {list(KINDS)}, got {self.kind!r}")
         if self.kind == "concurrency":
-            require(float(self.value).is_integer() and self.value >= 1, "serving.load.levels",
+            require(float(self.value).is_integer() and self.value >= 1, "engine.load.level",
                     f"a concurrency level is an integer >= 1, got {self.value!r}")
         else:
-            require(self.value > 0, "serving.load.levels", f"an arrival rate is > 0 requests/s, got {self.value!r}")
-        require(isinstance(self.requests, int) and self.requests >= 1, "serving.load.requests",
-                f"must be an integer >= 1, got {self.requests!r}")
-        require(self.max_s > 0 and self.drain_s >= 0, "serving.load.max_s",
+            require(self.value > 0, "engine.load.level", f"an arrival rate is > 0 requests/s, got {self.value!r}")
+        require(isinstance(self.requests, int) and self.requests >= 1, "data.limit",
+                f"a level sends the run's prompts: must be an integer >= 1, got {self.requests!r}")
+        require(self.max_s > 0 and self.drain_s >= 0, "engine.load.max_s",
                 f"must be > 0 seconds (drain_s >= 0), got max_s={self.max_s!r}, drain_s={self.drain_s!r}")
 
     @property

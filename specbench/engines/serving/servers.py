@@ -13,21 +13,22 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from ...conf_dir import CONF
 from ...errors import ConfigError, require
 from .client import LlamaServerCompletion
 from .process import ServerProcess, free_port
 
-LLAMA_SERVER_BINARY = Path(".venv/llama-server/llama-server")
+LLAMA_SERVER_BINARY = CONF.parent / ".venv" / "llama-server" / "llama-server"  # make llama-server
 LLAMA_SPEC_TYPES = ("draft-simple", "ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache")
 
 
 def llama_server_binary(path: str | None = None) -> Path:
     """The llama-server to run: ``path``, else the one ``make llama-server`` built, else one on the PATH."""
-    candidates = [Path(path)] if path else [LLAMA_SERVER_BINARY.resolve(), shutil.which("llama-server")]
+    candidates = [Path(path)] if path else [LLAMA_SERVER_BINARY, shutil.which("llama-server")]
     for candidate in candidates:
         if candidate and Path(candidate).is_file():
             return Path(candidate)
-    raise ConfigError("engine.binary", f"no llama-server at {path or LLAMA_SERVER_BINARY}: build it with `make "
+    raise ConfigError(f"engine.binary: no llama-server at {path or LLAMA_SERVER_BINARY}: build it with `make "
                       "llama-server` (llama.cpp's server from the source the bindings compile), or give its path")
 
 
