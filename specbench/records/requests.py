@@ -23,6 +23,8 @@ class Timeline:
     chunks: list = field(default_factory=list)  # [[seconds after sending, tokens in the chunk], ...]
     new_tokens: int = 0
     output_ids: list[int] | None = None  # where the server returns them
+    ids_complete: bool = True  # False: the stream's ids fell short of its tokens (read again untimed: ids_replayed)
+    ids_replayed: bool = False  # output_ids read by a second, untimed, non-streamed request at T = 0
     output_text: str = ""
     finish_reason: str | None = None
     error: str | None = None

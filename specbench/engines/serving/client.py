@@ -7,6 +7,10 @@ streamed event holds (text, token ids, tokens, finish reason, the server's own c
   usage in a last chunk (``stream_options.include_usage``);
 - ``LlamaServerCompletion``: llama-server's own ``/completion`` (``return_tokens``), whose last event carries
   ``timings``, with the drafted and accepted counts when it speculates (``draft_n``, ``draft_n_accepted``).
+  llama-server holds back a token whose text ends in an incomplete UTF-8 character and never streams that token's
+  id (it sends the text once complete; the last held-back bytes not at all): tokens are counted from its running
+  ``tokens_predicted`` (a chunk carries every token decoded since the last), and a stream whose ids fall short of
+  its count is marked (``Timeline.ids_complete``) for the caller to read the ids again, untimed.
 """
 from __future__ import annotations
 
@@ -25,6 +29,7 @@ class Chunk:
     text: str = ""
     ids: list[int] | None = None
     tokens: int = 0                  # output tokens this event carries
+    total: int | None = None         # output tokens decoded so far, where the server says (then tokens follows it)
     finish_reason: str | None = None
     metrics: dict | None = None      # the server's own counters (usage, timings), where this event has them
 
@@ -68,12 +73,17 @@ class LlamaServerCompletion:
         return {"prompt": list(prompt_ids), "n_predict": max_tokens, "temperature": temperature, "top_p": top_p,
                 "seed": seed, "stream": True, "return_tokens": True, "cache_prompt": False}
 
+    def replay(self, prompt_ids, max_tokens, seed) -> dict:
+        """An unstreamed request at T = 0 for the ids of an output whose stream held some back."""
+        return {"prompt": list(prompt_ids), "n_predict": max_tokens, "temperature": 0.0, "seed": seed,
+                "stream": False, "return_tokens": True, "cache_prompt": False}
+
     def parse(self, event: dict) -> Chunk:
         ids = event.get("tokens")
         finish = event.get("stop_type") or ("stop" if event.get("stop") else None)
         timings = event.get("timings")
         return Chunk(text=event.get("content") or "", ids=list(ids) if ids is not None else None,
-                     tokens=len(ids) if ids is not None else (1 if event.get("content") else 0),
+                     tokens=len(ids) if ids is not None else 0, total=event.get("tokens_predicted"),
                      finish_reason=finish if event.get("stop") else None,
                      metrics={"timings": timings} if timings else None)
 
@@ -100,9 +110,10 @@ async def stream(client: httpx.AsyncClient, base_url: str, api: ServerApi, body:
                 if payload == "[DONE]":
                     break
                 chunk = api.parse(json.loads(payload))
-                if chunk.tokens:
-                    record.chunks.append([time.monotonic() - sent, chunk.tokens])
-                    record.new_tokens += chunk.tokens
+                tokens = chunk.total - record.new_tokens if chunk.total is not None else chunk.tokens
+                if tokens > 0:
+                    record.chunks.append([time.monotonic() - sent, tokens])
+                    record.new_tokens += tokens
                 if chunk.ids is not None:
                     ids += chunk.ids
                 record.output_text += chunk.text
@@ -114,3 +125,4 @@ async def stream(client: httpx.AsyncClient, base_url: str, api: ServerApi, body:
     finally:
         record.done_s = time.monotonic() - level_start
         record.output_ids = ids or record.output_ids
+        record.ids_complete = len(ids) == record.new_tokens

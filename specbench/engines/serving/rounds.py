@@ -88,6 +88,9 @@ class ServerBackend:
         sent = self.send_all(server, list(zip(timelines, ids, seeds)), self.level, self.max_new_tokens,
                              self.sampling["seed"] + repeat, keep)
         server.check()  # a server that died: ServerDied, after the finished requests were kept
+        for t, prompt, seed in zip(timelines, ids, seeds):  # after the level: nothing timed is running
+            if not t.ids_complete and t.error is None and self.sampling["temperature"] == 0:
+                self.replay_ids(server, t, prompt, seed)
         failed = [t for t in timelines if t.error]
         if failed or len(sent) < len(timelines):
             why = failed[0].error if failed else (f"only {len(sent)} of {len(timelines)} requests were sent within "
@@ -122,6 +125,18 @@ class ServerBackend:
                     await stream(client, server.base_url, server.api, body[id(timeline)], timeline, start)
                 return await run_level(level, [t for t, _, _ in requests], send, seed=schedule_seed, on_done=keep)
         return asyncio.run(main())
+
+    def replay_ids(self, server, t: Timeline, prompt: list[int], seed: int) -> None:
+        """The ids of an output whose stream held some back (client.py: llama-server's UTF-8 hold-back), read by the
+        same request unstreamed at T = 0, untimed; kept only where they reproduce the streamed text and count."""
+        replay = getattr(server.api, "replay", None)
+        if replay is None:
+            return
+        response = httpx.post(server.base_url + server.api.path, json=replay(prompt, t.new_tokens, seed),
+                              timeout=None).json()
+        again = list(response.get("tokens") or [])
+        if len(again) == t.new_tokens and self.codec.decode(again).startswith(t.output_text):
+            t.output_ids, t.ids_complete, t.ids_replayed = again, True, True
 
     def turn_record(self, prompt_ids: list[int], t: Timeline) -> TurnRecord:
         """A request as a record's turn: E2E latency as ``wall_s``, TTFT as ``prefill_s``; the drafted and accepted
