@@ -15,6 +15,7 @@ streamed event holds (text, token ids, tokens, finish reason, the server's own c
 from __future__ import annotations
 
 import json
+import logging
 import time
 from dataclasses import dataclass
 from typing import Protocol
@@ -22,6 +23,8 @@ from typing import Protocol
 import httpx
 
 from ...records.requests import Timeline
+
+logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per request otherwise (Hydra's logging shows INFO)
 
 
 @dataclass
