@@ -69,8 +69,8 @@ class ServerHandle:
 
     def started(self) -> "ServerHandle":
         if self.process is None:
-            print(f"[specbench] starting {self.label}: {' '.join(self.settings.command(0)[1:])}", file=sys.stderr)
             self.process, self.base_url = self.settings.process(self.log_path, self.start_timeout_s)
+            print(f"[specbench] starting {self.label}: {' '.join(self.process.command[1:])}", file=sys.stderr)
             self.process.start()
         return self
 

@@ -119,7 +119,9 @@ class ServerBackend:
 
         async def main() -> list[Timeline]:
             timeout = httpx.Timeout(None, connect=10.0)
-            limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+            # a connection per request: a kept-alive one the server closes as the next request goes out on it
+            # fails that request at once ("disconnected without sending a response"; seen with llama-server)
+            limits = httpx.Limits(max_connections=None, max_keepalive_connections=0)
             async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
                 async def send(timeline: Timeline, start: float) -> None:
                     await stream(client, server.base_url, server.api, body[id(timeline)], timeline, start)
