@@ -215,7 +215,7 @@ def serve_level(server: ServerProcess, level: LoadLevel, n: int, done: list) -> 
     base = server.health_url.rsplit("/", 1)[0]
 
     async def go():
-        async with httpx.AsyncClient(timeout=30) as client:
+        async with httpx.AsyncClient(timeout=generous(30)) as client:
             async def send(record, start):
                 prompt = [10 * (int(record.prompt_id[1:]) + 1)]
                 await stream(client, base, api, api.body(prompt, 6, 0.0, 1.0, 0), record, start)
