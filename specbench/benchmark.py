@@ -32,16 +32,12 @@ def run(cfg: DictConfig, pair=None) -> dict:
         summary = measure(engine, cfg, spec, pair)
     except (StorageError, LosslessnessError):  # one line from __main__: a full disk, a run that finished unproven
         raise
-    except ServerError as exc:  # one line from __main__ too; the report says why the cell is empty
-        write_json(spec.error_path, {"error": f"{type(exc).__name__}: {exc}", "method": spec.method,
-                                     "pair": spec.pair, "data": spec.data, "timestamp": time.time()})
-        raise
     except Exception as exc:  # say why this cell of a sweep is empty (the report reads it), whatever failed: a
         # sweep's launcher keeps a failed job's traceback until the whole sweep ends, and records stay kept
         why = str(exc) if isinstance(exc, ConfigError) else f"{type(exc).__name__}: {exc}"
         write_json(spec.error_path, {"error": why, "method": spec.method, "pair": spec.pair, "data": spec.data,
                                      "timestamp": time.time()})
-        if not isinstance(exc, ConfigError):  # said now, not when the sweep ends (__main__ says a ConfigError)
+        if not isinstance(exc, (ConfigError, ServerError)):  # said now, not when the sweep ends (__main__ says these)
             print(f"specbench: error: {why} (records so far are kept; {spec.error_path})", file=sys.stderr)
         raise
     spec.error_path.unlink(missing_ok=True)
