@@ -214,7 +214,7 @@ def test_every_shipped_option_passes_the_checks(group, tmp_path):
                                                     "than the vocabulary has tokens (259)"),
     # overrides that do not compose: Hydra's several-line report and exit 1 before, now one line like the others
     (("engine=nosuch",), "specbench: error: In 'config': Could not find 'engine/nosuch'; Available options in "
-                         "'engine': hf, llama_server, vllm, vllm_cluster"),
+                         "'engine': hf, llama_server, vllm, vllm_cluster, vllm_server"),
     (("logger.mode=sideways",), "specbench: error: Could not override 'logger.mode'. To append to your config use "
                                 "+logger.mode=sideways"),
 ])

@@ -58,7 +58,7 @@ def vllm_stub(monkeypatch):
 
 # ----- the group composes and its keys are checked -----
 def test_every_engine_composes_and_passes_its_check(tmp_path):
-    assert {"hf", "vllm", "llama_server"} <= set(ENGINES)
+    assert {"hf", "vllm", "llama_server", "vllm_server"} <= set(ENGINES)
     for name in ENGINES:
         cfg = composed(f"engine={name}", f"runner.records_dir={tmp_path}")
         check_node(plain(cfg, "engine"), "engine", {})

@@ -18,6 +18,7 @@ from specbench.engines.hf import HfEngine, HfRun
 from specbench.engines.loops import LoopBackend
 from specbench.engines.serving.llama_server import LlamaServerEngine, LlamaServerRun
 from specbench.engines.serving.rounds import ServerBackend
+from specbench.engines.serving.vllm_server import VllmServerEngine, VllmServerRun
 from specbench.engines.vllm import VllmEngine
 from specbench.engines.vllm_rounds import VllmBackend, VllmRun
 from specbench.methods.swift_draft import SkipDraftLM
@@ -62,8 +63,8 @@ def violations(cls: type, protocol: type) -> list[str]:
 
 
 IMPLEMENTATIONS = [
-    (Engine, HfEngine), (Engine, VllmEngine), (Engine, LlamaServerEngine),
-    (EngineRun, HfRun), (EngineRun, VllmRun), (EngineRun, LlamaServerRun),
+    (Engine, HfEngine), (Engine, VllmEngine), (Engine, LlamaServerEngine), (Engine, VllmServerEngine),
+    (EngineRun, HfRun), (EngineRun, VllmRun), (EngineRun, LlamaServerRun), (EngineRun, VllmServerRun),
     (RoundBackend, LoopBackend), (RoundBackend, VllmBackend), (RoundBackend, ServerBackend),
     (LanguageModel, CachedLM), (LanguageModel, FeatureLM), (LanguageModel, StaticLM), (LanguageModel, SkipDraftLM),
 ]

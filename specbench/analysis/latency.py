@@ -219,4 +219,21 @@ def serving_metrics(records: list, baseline_records: list | None, slo: Slo = Slo
         out["user_speedup_pairs"] = len(ratios)
         out["throughput_ratio"] = (out["served_tok_per_s"] / out["baseline_served_tok_per_s"]
                                    if out["served_tok_per_s"] and out["baseline_served_tok_per_s"] else None)
-    return out
+    return {**out, **server_speculation(records)}
+
+
+def server_speculation(records: list) -> dict:
+    """What the speculating server itself counted over the run: the share of drafted tokens it accepted and, where
+    it counts its drafting steps (vLLM's server-wide totals, one per level in ``batch.server_counters``), its mean
+    acceptance length 1 + accepted / steps with a draft (vLLM's own figure: steps that drafted nothing are not in
+    it, unlike our τ). llama-server reports drafted and accepted per request (the records' own counts)."""
+    levels = {r.batch["id"]: r.batch["server_counters"] for r in records
+              if r.batch and r.batch.get("server_counters") is not None}
+    if levels:
+        drafted = sum(c["drafted"] for c in levels.values())
+        accepted = sum(c["accepted"] for c in levels.values())
+        steps = sum(c["steps"] for c in levels.values())
+    else:
+        drafted, accepted, steps = sum(r.drafted for r in records), sum(r.accepted for r in records), 0
+    return {"server_acceptance": accepted / drafted if drafted else None,
+            "server_accept_length": 1 + accepted / steps if steps else None}

@@ -28,25 +28,20 @@ TOP = 20  # logprobs per position compared (vLLM's default max_logprobs)
 
 
 def measure_noise(session, prompts: list[list[int]], positions: int = 32) -> NoiseProfile:
-    from vllm import SamplingParams
-
+    """session: ``decode_logprobs(prompt, positions, top)`` and ``prefill_logprobs(sequence, top)`` of the engine
+    that decodes (an in-process VllmSession, or a vLLM server's API: engines/serving/vllm_server.py)."""
     worst, worst_pair, samples = 0.0, 0.0, 0
     for prompt in prompts:
-        params = SamplingParams(temperature=0.0, max_tokens=positions, logprobs=TOP, detokenize=False)
-        (decoded,) = session.llm.generate([{"prompt_token_ids": prompt}], params, use_tqdm=False)
-        tokens = list(decoded.outputs[0].token_ids)
-        steps = decoded.outputs[0].logprobs  # per new token: {token: Logprob} of that decode step
-        prefill_params = SamplingParams(max_tokens=1, prompt_logprobs=TOP, detokenize=False)
-        (prefilled,) = session.llm.generate([{"prompt_token_ids": prompt + tokens}], prefill_params, use_tqdm=False)
-        blocks = prefilled.prompt_logprobs[len(prompt):]  # position i: the distribution token i was drawn from
+        tokens, steps = session.decode_logprobs(prompt, positions, TOP)  # per new token: {token: log p} of its step
+        blocks = session.prefill_logprobs(prompt + tokens, TOP)[len(prompt):]  # position i: what token i came from
         for emitted, step, block in zip(tokens, steps, blocks):
             shared = step.keys() & block.keys()
             for token in shared:
-                worst = max(worst, abs(step[token].logprob - block[token].logprob))
+                worst = max(worst, abs(step[token] - block[token]))
             if emitted not in shared:
                 continue
-            delta = {t: block[t].logprob - step[t].logprob for t in shared}  # Δ = prefill - decode step
-            others = sorted(shared - {emitted}, key=lambda t: -step[t].logprob)[:PAIR_RANKS]
+            delta = {t: block[t] - step[t] for t in shared}  # Δ = prefill - decode step
+            others = sorted(shared - {emitted}, key=lambda t: -step[t])[:PAIR_RANKS]
             worst_pair = max([worst_pair] + [abs(delta[t] - delta[emitted]) for t in others])
             samples += 1
     key = "decode-vs-prefill"

@@ -106,3 +106,23 @@ class VllmSession:
         params = SamplingParams(max_tokens=1, prompt_logprobs=1, detokenize=False)
         outs = self.llm.generate([{"prompt_token_ids": s} for s in sequences], params, use_tqdm=False)
         return [float(o.prompt_logprobs[-1][s[-1]].logprob) for o, s in zip(outs, sequences)]
+
+    def decode_logprobs(self, prompt: list[int], positions: int, top: int) -> tuple[list[int], list[dict]]:
+        """Greedy decode of ``positions`` tokens: the tokens, and per token its step's top-``top`` {token: log p}."""
+        from vllm import SamplingParams
+
+        params = SamplingParams(temperature=0.0, max_tokens=positions, logprobs=top, detokenize=False)
+        (decoded,) = self.llm.generate([{"prompt_token_ids": prompt}], params, use_tqdm=False)
+        steps = [{t: lp.logprob for t, lp in step.items()} for step in decoded.outputs[0].logprobs]
+        return list(decoded.outputs[0].token_ids), steps
+
+    def prefill_logprobs(self, sequence: list[int], top: int) -> list[dict | None]:
+        """One prefill of ``sequence``: per position, {token: log p} of the distribution that position came from
+        (its own token and the top ``top``; None at position 0)."""
+        from vllm import SamplingParams
+
+        params = SamplingParams(max_tokens=1, prompt_logprobs=top, detokenize=False)
+        (prefilled,) = self.llm.generate([{"prompt_token_ids": sequence}], params, use_tqdm=False)
+        return [None if block is None else {t: lp.logprob for t, lp in block.items()}
+                for block in prefilled.prompt_logprobs]
+

@@ -76,7 +76,8 @@ class RunRecord(TurnRecord):
     config: dict = field(default_factory=dict)
     timestamp: float = 0.0
     turns: list[TurnRecord] | None = None   # each turn, when there are several
-    batch: dict | None = None               # engine=vllm: the round's batch (id, size, position, wall_s, new_tokens)
+    batch: dict | None = None               # engine=vllm: the round's batch (id, size, position, wall_s, new_tokens);
+    #                                         a served level's also server_counters (vLLM: its speculation totals)
     pairing: dict | None = None             # the runner's round: mode, round id, session, position, size
     lossless: dict | None = None            # the verdict against greedy's output (analysis/lossless.py)
     score: dict | None = None               # the dataset's task score

@@ -50,13 +50,16 @@ class ServerApi(Protocol):
 class OpenAICompletions:
     path = "/v1/completions"
 
-    def __init__(self, model: str):
-        self.model = model
+    def __init__(self, model: str, stop_token_ids: tuple[int, ...] = ()):
+        self.model, self.stop_token_ids = model, list(stop_token_ids)
 
     def body(self, prompt_ids, max_tokens, temperature, top_p, seed) -> dict:
-        return {"model": self.model, "prompt": list(prompt_ids), "max_tokens": max_tokens, "temperature": temperature,
-                "top_p": top_p, "seed": seed, "stream": True, "stream_options": {"include_usage": True},
-                "return_token_ids": True}
+        body = {"model": self.model, "prompt": list(prompt_ids), "max_tokens": max_tokens,
+                "temperature": temperature, "top_p": top_p, "seed": seed, "stream": True,
+                "stream_options": {"include_usage": True}, "return_token_ids": True}
+        if self.stop_token_ids:  # vLLM's own field: the pair's EOS ids, as engine=vllm and our loops stop
+            body["stop_token_ids"] = self.stop_token_ids
+        return body
 
     def parse(self, event: dict) -> Chunk:
         choices = event.get("choices") or []

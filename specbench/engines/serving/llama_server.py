@@ -15,18 +15,16 @@ our prompt lookup backs off from max_ngram_size to min_ngram_size: the rows are 
 """
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from ...analysis.latency import Slo, serving_metrics
 from ...backends.precision import Precision, precision_of_config
 from ...errors import ConfigError, require
 from ...run.runner import Entry, RunSpec
-from .load import LoadLevel
-from .process import ServerProcess
-from .servers import LlamaServer, llama_server_binary
+from .load import ServingEngine
+from .served_run import ServedRun
+from .servers import LlamaServer, ServerHandle, llama_server_binary
 
 SPECULATIVE = "specbench.methods.speculative.SpeculativeDecoding"
 PROMPT_LOOKUP = "specbench.methods.prompt_lookup.PromptLookup"
@@ -56,35 +54,7 @@ def speculation(method: dict) -> dict | None:
                       "methods run on our own loops (engine=hf)")
 
 
-class ServerHandle:
-    """One server of a run, started on first use (a re-run whose records are all kept starts none), stopped by
-    ``close``."""
-
-    def __init__(self, settings: LlamaServer, log_path: Path, start_timeout_s: float):
-        self.settings, self.log_path, self.start_timeout_s = settings, log_path, start_timeout_s
-        self.process: ServerProcess | None = None
-        self.base_url = ""
-        self.api = settings.api
-        self.label = settings.name + (f" ({settings.spec_type})" if settings.spec_type else "")
-
-    def started(self) -> "ServerHandle":
-        if self.process is None:
-            self.process, self.base_url = self.settings.process(self.log_path, self.start_timeout_s)
-            print(f"[specbench] starting {self.label}: {' '.join(self.process.command[1:])}", file=sys.stderr)
-            self.process.start()
-        return self
-
-    def check(self) -> None:
-        if self.process is not None:
-            self.process.check()
-
-    def close(self) -> None:
-        if self.process is not None:
-            self.process.stop()
-            self.process = None
-
-
-class LlamaServerEngine:
+class LlamaServerEngine(ServingEngine):
     """Settings of conf/engine/llama_server.yaml (comments there); ``check``, ``precision`` and ``open`` as every
     engine (engines/base.Engine)."""
 
@@ -95,17 +65,6 @@ class LlamaServerEngine:
         self.start_timeout_s = start_timeout_s
         self.load = dict(load or {})
         self.slo = dict(slo or {})
-
-    def level(self, cfg: DictConfig) -> LoadLevel:
-        """The run's load level (engine.load), its request count the run's prompts (data.limit)."""
-        load = self.load
-        require(set(load) <= {"kind", "level", "max_s", "drain_s"}, "engine.load",
-                f"keys are kind, level, max_s, drain_s; got {sorted(load)}")
-        limit = cfg.data.get("limit")
-        require(isinstance(limit, int) and limit >= 1, "data.limit",
-                f"a load level sends the run's prompts: give data.limit (got {limit!r})")
-        return LoadLevel(load.get("kind", "concurrency"), load.get("level", 1), limit,
-                         max_s=load.get("max_s", 1800.0), drain_s=load.get("drain_s", 120.0))
 
     def identity(self, cfg: DictConfig) -> dict:
         """Added to the run key: the server's settings and the load (numbers differ with both)."""
@@ -130,13 +89,7 @@ class LlamaServerEngine:
         method = speculation(plain(cfg, "method"))
         require(method is None or method["spec_type"] != "draft-simple" or plain(cfg, "model").get("draft", True),
                 "model.draft", "method=speculative drafts with the pair's draft model: this pair loads none")
-        level = self.level(cfg)
-        require(self.slots is None or (isinstance(self.slots, int) and self.slots >= 1), "engine.slots",
-                f"must be null (the concurrency level) or >= 1, got {self.slots!r}")
-        require(level.kind == "concurrency" or self.slots is not None, "engine.slots",
-                "an open-loop level (engine.load.kind=rate) needs the server's slots set (engine.slots=N)")
-        require(set(self.slo) <= {"ttft_ms", "tpot_ms"}, "engine.slo",
-                f"keys are ttft_ms, tpot_ms; got {sorted(self.slo)}")
+        self.check_load(cfg)
         llama_server_binary(self.binary)
 
     def precision(self, cfg: DictConfig) -> Precision:
@@ -146,7 +99,7 @@ class LlamaServerEngine:
         return LlamaServerRun(self, cfg, inputs, spec, pair)
 
 
-class LlamaServerRun:
+class LlamaServerRun(ServedRun):
     """engine=llama_server's side of one benchmark: the pair in-process (prompts, texts, the near-tie check), the
     two servers (started on first use), the round backend; ``close`` stops the servers."""
 
@@ -161,7 +114,7 @@ class LlamaServerRun:
         self.engine, self.threads, self.level = engine, inputs.threads, engine.level(cfg)
         is_baseline = inputs.base_spec.key == spec.key
         method = None if is_baseline else speculation(OmegaConf.to_container(cfg.method, resolve=True))
-        slots = engine.slots or int(self.level.value)
+        slots = engine.slots_of(self.level)
         draft = getattr(self.pair.draft, "path", None)
 
         def server(role: str, settings: dict | None) -> ServerHandle:
@@ -184,31 +137,13 @@ class LlamaServerRun:
                                      warmup=cfg.runner.warmup,
                                      warmup_max_new_tokens=cfg.runner.warmup_max_new_tokens, config=inputs.config,
                                      chat=inputs.dataset.chat_template, env=env, check=check,
+                                     warmup_slots=slots,
                                      server_counters=draft_counts)
 
-    def method_entry(self, spec: RunSpec) -> Entry:
-        return Entry(self.method, spec)
-
-    def baseline_entry(self, spec: RunSpec) -> Entry:
-        return Entry(self.base, spec)
-
     def after(self, method: Entry, records: list, baseline_records) -> dict:
-        """No bound (the server's forwards are not ours to time): how the run was measured, and the level's
-        latencies, throughput and goodput on each server (analysis/latency.py)."""
+        """How the run was measured, and its serving numbers (served_run.ServedRun.served)."""
         return {"precision": self.pair.precision.as_record(), "dtype": self.pair.dtype, "threads": self.threads,
-                "engine": "llama-server", "device": "cpu", "batch_size": self.level.requests,
-                "serving": serving_summary(self.level, Slo(**self.engine.slo), records, baseline_records)}
-
-    def close(self) -> None:
-        for handle in {id(h): h for h in (self.base, self.method)}.values():
-            handle.close()
-
-
-def serving_summary(level: LoadLevel, slo: Slo, records: list, baseline_records: list | None) -> dict:
-    """The load, the SLO and the run's serving numbers (analysis/latency.serving_metrics)."""
-    return {"load": {**level.as_record(), "requests": level.requests},
-            "slo": {"ttft_ms": slo.ttft_ms, "tpot_ms": slo.tpot_ms},
-            **serving_metrics(records, baseline_records, slo)}
+                "engine": "llama-server", "device": "cpu", **self.served(records, baseline_records)}
 
 
 def draft_counts(timeline) -> tuple[int, int]:

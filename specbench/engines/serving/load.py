@@ -67,3 +67,38 @@ def prompt_order(count: int, prompts: int, offset: int = 0) -> list[int]:
     """Which prompt each of ``count`` requests sends: the dataset in order from ``offset``, cycling (a level with
     more requests than prompts repeats them; both servers send the same sequence)."""
     return [(offset + k) % prompts for k in range(count)]
+
+
+class ServingEngine:
+    """What every serving engine's config has beside its server's own settings (conf/engine/<server>.yaml):
+    ``load`` (the level), ``slo`` (goodput's latency limits) and ``slots`` (requests the server decodes at once;
+    null: the concurrency level). The subclass sets ``self.load``, ``self.slo`` and ``self.slots``."""
+
+    load: dict
+    slo: dict
+    slots: int | None
+
+    def level(self, cfg) -> LoadLevel:
+        """The run's load level (engine.load), its request count the run's prompts (data.limit)."""
+        load = self.load
+        require(set(load) <= {"kind", "level", "max_s", "drain_s"}, "engine.load",
+                f"keys are kind, level, max_s, drain_s; got {sorted(load)}")
+        limit = cfg.data.get("limit")
+        require(isinstance(limit, int) and limit >= 1, "data.limit",
+                f"a load level sends the run's prompts: give data.limit (got {limit!r})")
+        return LoadLevel(load.get("kind", "concurrency"), load.get("level", 1), limit,
+                         max_s=load.get("max_s", 1800.0), drain_s=load.get("drain_s", 120.0))
+
+    def slots_of(self, level: LoadLevel) -> int:
+        return self.slots or int(level.value)
+
+    def check_load(self, cfg) -> LoadLevel:
+        """engine.load, engine.slots and engine.slo, before anything starts."""
+        level = self.level(cfg)
+        require(self.slots is None or (isinstance(self.slots, int) and self.slots >= 1), "engine.slots",
+                f"must be null (the concurrency level) or >= 1, got {self.slots!r}")
+        require(level.kind == "concurrency" or self.slots is not None, "engine.slots",
+                "an open-loop level (engine.load.kind=rate) needs the server's slots set (engine.slots=N)")
+        require(set(self.slo) <= {"ttft_ms", "tpot_ms"}, "engine.slo",
+                f"keys are ttft_ms, tpot_ms; got {sorted(self.slo)}")
+        return level

@@ -39,29 +39,34 @@ class ServerBackend:
 
     def __init__(self, codec, level: LoadLevel, max_new_tokens: int, sampling: dict, warmup: int = 1,
                  warmup_max_new_tokens: int = 16, config: dict | None = None, chat: bool | None = None,
-                 env: dict | None = None, check=None, server_counters=None):
+                 env: dict | None = None, check=None, server_counters=None, warmup_slots: int = 1):
         """codec: the pair's ``encode(text, chat=)`` / ``decode(ids)``; check: the losslessness check at T = 0
-        (None otherwise); server_counters(timeline) -> (drafted, accepted) from the server's own metrics."""
+        (None otherwise); server_counters(timeline) -> (drafted, accepted) from the server's own metrics;
+        warmup_slots: the requests the server decodes at once (the warm-up sends that many together)."""
         self.codec, self.level, self.max_new_tokens, self.sampling = codec, level, max_new_tokens, sampling
         self.warmup, self.warmup_max_new_tokens, self.config = warmup, warmup_max_new_tokens, config or {}
         self.chat, self.env, self.check = chat, env or {}, check
         self.server_counters = server_counters or (lambda timeline: (0, 0))
-        self.batch_size = level.requests
+        self.batch_size, self.warmup_slots = level.requests, warmup_slots
 
     # --- the runner's interface
 
     def prepare(self, entries: list[Entry], needed, examples, rounds, warmup_example, previous) -> None:
-        """Start every server (health-checked) and warm each up, untimed: ``runner.warmup`` requests of the warm-up
-        prompt, one at a time."""
+        """Start every server (health-checked) and warm each up, untimed: ``runner.warmup`` times, the warm-up prompt
+        sent by as many clients at once as the server has slots (a first batch of that size costs more: seen as a
+        second's TTFT on vLLM's CPU server)."""
         for entry in entries:
             server = entry.method.started()
             prompt = self.codec.encode(warmup_example.turns[0], chat=self.chat)
+            n = self.warmup_slots
             for _ in range(self.warmup):
-                timeline = Timeline(prompt_id=warmup_example.id, level={"kind": "warmup", "value": 1})
-                self.send_all(server, [(timeline, prompt, self.sampling["seed"])],
-                              LoadLevel("concurrency", 1, 1, max_s=3600), self.warmup_max_new_tokens, 0)
-                if timeline.error:
-                    raise ServerLevelFailed(f"{server.label}: the warm-up request failed: {timeline.error}")
+                timelines = [Timeline(prompt_id=warmup_example.id, level={"kind": "warmup", "value": n})
+                             for _ in range(n)]
+                self.send_all(server, [(t, prompt, self.sampling["seed"]) for t in timelines],
+                              LoadLevel("concurrency", n, n, max_s=3600), self.warmup_max_new_tokens, 0)
+                failed = [t.error for t in timelines if t.error]
+                if failed:
+                    raise ServerLevelFailed(f"{server.label}: a warm-up request failed: {failed[0]}")
 
     def lossless(self, entry: Entry, baseline: Entry):
         return self.check if entry.method is not baseline.method else None
@@ -85,9 +90,12 @@ class ServerBackend:
                                      **timeline.to_dict()}) + "\n")
 
         seeds = [self.sampling["seed"] + index for index, _ in prompts]
+        before = server.counters()  # a server's speculation totals (vLLM: server-wide), read around the level
         sent = self.send_all(server, list(zip(timelines, ids, seeds)), self.level, self.max_new_tokens,
                              self.sampling["seed"] + repeat, keep)
         server.check()  # a server that died: ServerDied, after the finished requests were kept
+        after = server.counters()
+        level_counters = {k: after[k] - before[k] for k in after} if before is not None else None
         for t, prompt, seed in zip(timelines, ids, seeds):  # after the level: nothing timed is running
             if not t.ids_complete and t.error is None and self.sampling["temperature"] == 0:
                 self.replay_ids(server, t, prompt, seed)
@@ -103,7 +111,8 @@ class ServerBackend:
         for k, ((index, example), t, prompt) in enumerate(zip(prompts, timelines, ids)):
             record = build_record(
                 entry.spec, example, index, repeat, self.max_new_tokens, [self.turn_record(prompt, t)],
-                batch={"id": batch_id, "size": len(prompts), "position": k, "wall_s": span, "new_tokens": total},
+                batch={"id": batch_id, "size": len(prompts), "position": k, "wall_s": span, "new_tokens": total,
+                       **({"server_counters": level_counters} if level_counters is not None else {})},
                 serving=t.to_dict(), dtype=self.env.get("precision", {}).get("dtype"), env=self.env,
                 model_info=self.env.get("model_info", {}), config=self.config)
             out.append(Measurement(record, [prompt]))

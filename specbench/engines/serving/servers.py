@@ -6,16 +6,25 @@ speculative server and its baseline differ in nothing else.
   compile), the pair's GGUF files, speculation by its draft model (``--spec-type draft-simple``, ``--spec-draft-n-max
   γ``) or by n-grams of the context (``ngram-*``, no draft model); ``--parallel`` slots = the most requests it
   decodes at once (the highest concurrency level), one shared context of ``ctx_per_slot`` tokens each.
+- ``VllmServer``: vLLM's OpenAI-compatible server (``vllm.entrypoints.openai.api_server``, this Python's vLLM: the
+  CPU build here, the CUDA one on a GPU), the pair's checkpoints, speculation by vLLM's ``--speculative-config``
+  (engines/vllm_methods.py, as engine=vllm maps our methods), ``--max-num-seqs`` slots. Sampling defaults come from
+  vLLM, not the checkpoint's generation config (``--generation-config vllm``: a chat model's repetition penalty
+  would otherwise apply to every request), and prefix caching is off unless asked for (timings would depend on
+  order). Its speculation counters are server-wide (Prometheus ``/metrics``), read before and after each level.
 """
 from __future__ import annotations
 
+import json
+import re
 import shutil
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from ...conf_dir import CONF
 from ...errors import ConfigError, require
-from .client import LlamaServerCompletion
+from .client import LlamaServerCompletion, OpenAICompletions
 from .process import ServerProcess, free_port
 
 LLAMA_SERVER_BINARY = CONF.parent / ".venv" / "llama-server" / "llama-server"  # make llama-server
@@ -73,12 +82,137 @@ class LlamaServer:
                      "--spec-draft-n-min", str(self.gamma_min)]
         return args
 
+    @property
+    def label(self) -> str:
+        return f"{self.name}{' (' + self.spec_type + ')' if self.spec_type else ''}"
+
     def process(self, log_path: Path, start_timeout_s: float = 300.0) -> tuple[ServerProcess, str]:
         """The server as a process on a free port (not started) and its base URL."""
         port = free_port()
         base = f"http://127.0.0.1:{port}"
-        label = f"{self.name}{' (' + self.spec_type + ')' if self.spec_type else ''}"
-        return ServerProcess(label, self.command(port), base + "/health", log_path,
+        return ServerProcess(self.label, self.command(port), base + "/health", log_path,
                              start_timeout_s=start_timeout_s), base
 
+    def counters(self, base_url: str) -> dict | None:
+        """Server-wide speculation counters (llama-server reports them per request instead: client.py)."""
+        return None
+
     api = LlamaServerCompletion()
+
+
+@dataclass(frozen=True)
+class VllmServer:
+    target: str                      # checkpoint directory or hub id
+    tokenizer: str
+    dtype: str
+    speculative: dict | None = None  # vLLM's speculative_config; None: the baseline
+    max_model_len: int = 4096
+    slots: int = 1                   # --max-num-seqs: requests decoded at once
+    seed: int = 0
+    enforce_eager: bool = True
+    prefix_caching: bool = False
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    gpu_memory_utilization: float | None = None  # CUDA: the fraction of the GPU this server may take
+    env: tuple = ()                  # (name, value) pairs added to the server's environment (the CPU backend's)
+    options: tuple = ()              # (EngineArgs name, value) pairs passed as --kebab-case flags
+    stop_ids: tuple = ()             # the pair's EOS ids: every request stops at them
+    served_name: str = "specbench"
+    name: str = "vllm_server"
+
+    @property
+    def label(self) -> str:
+        return f"{self.name}{' (' + self.speculative['method'] + ')' if self.speculative else ''}"
+
+    def command(self, port: int) -> list[str]:
+        args = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--host", "127.0.0.1", "--port",
+                str(port), "--model", self.target, "--tokenizer", self.tokenizer, "--served-model-name",
+                self.served_name, "--dtype", self.dtype, "--max-model-len", str(self.max_model_len),
+                "--max-num-seqs", str(self.slots), "--seed", str(self.seed), "--generation-config", "vllm",
+                "--tensor-parallel-size", str(self.tensor_parallel_size),
+                "--pipeline-parallel-size", str(self.pipeline_parallel_size),
+                "--enforce-eager" if self.enforce_eager else "--no-enforce-eager",
+                "--enable-prefix-caching" if self.prefix_caching else "--no-enable-prefix-caching",
+                "--disable-uvicorn-access-log"]
+        if self.gpu_memory_utilization is not None:
+            args += ["--gpu-memory-utilization", str(self.gpu_memory_utilization)]
+        if self.speculative is not None:
+            args += ["--speculative-config", json.dumps(self.speculative)]
+        for key, value in self.options:
+            flag = "--" + key.replace("_", "-")
+            if isinstance(value, bool):
+                args.append(flag if value else "--no-" + key.replace("_", "-"))
+            else:
+                args += [flag, json.dumps(value) if isinstance(value, (dict, list)) else str(value)]
+        return args
+
+    def process(self, log_path: Path, start_timeout_s: float = 600.0) -> tuple[ServerProcess, str]:
+        import os
+
+        port = free_port()
+        base = f"http://127.0.0.1:{port}"
+        env = {**os.environ, "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "1"), **dict(self.env)}
+        return ServerProcess(self.label, self.command(port), base + "/health", log_path, env=env,
+                             start_timeout_s=start_timeout_s), base
+
+    def counters(self, base_url: str) -> dict | None:
+        """vLLM's speculation totals since it started (summed over its engines), from ``/metrics``; None without
+        speculation."""
+        if self.speculative is None:
+            return None
+        import httpx
+
+        return prometheus_totals(httpx.get(base_url + "/metrics", timeout=30.0).text, VLLM_SPEC_COUNTERS)
+
+    @property
+    def api(self) -> OpenAICompletions:
+        return OpenAICompletions(self.served_name, self.stop_ids)
+
+
+# vLLM's Prometheus counters -> ours: verification steps that had a draft, tokens drafted, drafted tokens accepted
+VLLM_SPEC_COUNTERS = {"vllm:spec_decode_num_drafts_total": "steps",
+                      "vllm:spec_decode_num_draft_tokens_total": "drafted",
+                      "vllm:spec_decode_num_accepted_tokens_total": "accepted"}
+PROMETHEUS_LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
+
+
+def prometheus_totals(text: str, names: dict[str, str]) -> dict[str, float]:
+    """The sums over label sets of the Prometheus samples named in ``names`` (renamed to its values)."""
+    totals = dict.fromkeys(names.values(), 0.0)
+    for line in text.splitlines():
+        match = PROMETHEUS_LINE.match(line)
+        if match and match.group(1) in names:
+            totals[names[match.group(1)]] += float(match.group(3))
+    return totals
+
+
+class ServerHandle:
+    """One server of a run, started on first use (a re-run whose records are all kept starts none), stopped by
+    ``close``."""
+
+    def __init__(self, settings, log_path: Path, start_timeout_s: float):
+        self.settings, self.log_path, self.start_timeout_s = settings, log_path, start_timeout_s
+        self.process: ServerProcess | None = None
+        self.base_url = ""
+        self.api = settings.api
+        self.label = settings.label
+
+    def started(self) -> "ServerHandle":
+        if self.process is None:
+            self.process, self.base_url = self.settings.process(self.log_path, self.start_timeout_s)
+            print(f"[specbench] starting {self.label}: {' '.join(self.process.command[1:])}", file=sys.stderr)
+            self.process.start()
+        return self
+
+    def check(self) -> None:
+        if self.process is not None:
+            self.process.check()
+
+    def counters(self) -> dict | None:
+        """The server's own speculation totals so far (servers.py), None where it has none."""
+        return self.settings.counters(self.base_url) if self.process is not None else None
+
+    def close(self) -> None:
+        if self.process is not None:
+            self.process.stop()
+            self.process = None
