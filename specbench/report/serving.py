@@ -1,4 +1,5 @@
-"""Serving sweeps' figures and their crossover (engine=llama_server: a cell per method and load level).
+"""Serving sweeps' figures and their crossover (engine=llama_server, vllm_server: a cell per server, method and load
+level; a line per server and method).
 
 speedup_vs_load   per-user speed-up (paired, 95% interval) and throughput ratio against the load, a line per
                   method, the crossover (where the per-user speed-up falls to 1) marked with its interval
@@ -22,14 +23,26 @@ KIND_KEY = "engine.load.kind"
 
 
 def served_cells(exp) -> dict[str, list]:
-    """The finished served cells with a baseline, by method name, each list in ascending load."""
+    """The finished served cells with a baseline, by line (the server and method, as the report labels them), each
+    list in ascending load."""
     lines: dict[str, list] = {}
     for cell in exp.cells:
         if cell.status == "ok" and cell.baseline_records and cell.summary.get("served_tok_per_s") is not None:
-            lines.setdefault(str(cell.value("method.name")), []).append(cell)
+            lines.setdefault(line_label(exp, cell), []).append(cell)
     for cells in lines.values():
         cells.sort(key=lambda c: float(c.value(LEVEL_KEY)))
     return lines
+
+
+def line_label(exp, cell) -> str:
+    """'<server> <method>' by the experiment's labels (the method alone where every cell has one server)."""
+    labels = exp.spec.get("labels") or {}
+
+    def label(key: str) -> str:
+        value = str(cell.value(key))
+        return str((labels.get(key) or {}).get(value, value))
+    servers = {str(c.value("engine.name")) for c in exp.cells}
+    return label("method.name") if len(servers) <= 1 else f"{label('engine.name')}: {label('method.name')}"
 
 
 def load_label(exp) -> str:

@@ -48,7 +48,7 @@ METRICS = {
     "baseline_batch_tok_per_s": Metric("greedy throughput (tok/s)"),   # engine=vllm: whole batches
     "batch_tok_per_s": Metric("throughput (tok/s)"),
     "throughput_speedup": Metric("throughput speed-up", suffix="×"),
-    # served runs (engine=llama_server; analysis/latency.serving_metrics)
+    # served runs (engine=llama_server, vllm_server; analysis/latency.serving_metrics)
     "served_tok_per_s": Metric("throughput (tok/s)"),
     "baseline_served_tok_per_s": Metric("greedy throughput (tok/s)"),
     "throughput_ratio": Metric("throughput ×", suffix="×"),
@@ -61,6 +61,8 @@ METRICS = {
        for name in ("ttft", "tpot", "itl", "e2e") for q in ("p50", "p99")},
     "baseline_ttft_p50_ms": Metric("greedy TTFT p50 (ms)", spec=".0f", higher_is_better=False),
     "baseline_tpot_p50_ms": Metric("greedy TPOT p50 (ms)", spec=".0f", higher_is_better=False),
+    "server_acceptance": Metric("server acceptance", spec=".1%"),   # the server's own drafted / accepted counts
+    "server_accept_length": Metric("server acceptance length", spec=".2f"),
     "lcp": Metric("len(LCP)", spec=".1f"),
     "match_1_draft": Metric("#Match-1(d, d̂)", spec=".1f"),
     **{f"match_{k}": Metric(f"#Match-{k} discarded", spec=".1f") for k in (1, 2, 3, 4)},
