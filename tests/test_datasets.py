@@ -97,6 +97,18 @@ def test_papers_protocol_sizes_and_budgets():
     assert composed("data=cnndm").data.sample == 100 and composed("data=wmt16").data.sample == 100
 
 
+def test_aime2025_reads_both_parts_in_order_and_scores_the_final_integer():
+    data = build(composed("data=aime2025").data, "data")
+    examples = data.examples()
+    assert len(examples) == 30 and [e.id for e in examples[14:16]] == ["aime2025/14", "aime2025/15"]
+    assert examples[0].reference == "70" and "integer bases" in examples[0].turns[0]  # part I's first problem
+    assert examples[15].reference == "468"  # part II's first, read after part I's 15
+    assert composed("data=aime2025").data.max_new_tokens == 2048
+    right = data.scorer.score(examples[0], ["... so b = 21 or 49. The answer is 70."])
+    assert right["status"] == "ok" and right["values"]["correct"] == 1.0
+    assert data.scorer.score(examples[0], ["The answer is 71."])["values"]["correct"] == 0.0
+
+
 def test_mt_bench_has_80_two_turn_questions():
     data = build(composed("data=mt_bench").data, "data")
     examples = data.examples()

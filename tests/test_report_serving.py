@@ -58,21 +58,26 @@ def write_level(cfg, speedup: float) -> None:
 
 def test_serving_sweep_table_crossover_and_figures(tmp_path):
     records = tmp_path / "records"
+    llama = "engine=llama_server"
     for level, speedup in ((1, 1.5), (2, 1.2), (4, 0.8)):
-        write_level(config(SWEEP, records, "method=speculative", f"engine.load.level={level}"), speedup)
-    write_level(config(SWEEP, records, "method=prompt_lookup", "engine.load.level=1"), 1.3)
+        write_level(config(SWEEP, records, llama, "method=speculative", f"engine.load.level={level}"), speedup)
+    write_level(config(SWEEP, records, llama, "method=prompt_lookup", "engine.load.level=1"), 1.3)
+    write_level(config(SWEEP, records, "engine=vllm_server", "method=speculative", "engine.load.level=1"), 1.1)
     result = render_experiment(SWEEP, [f"runner.records_dir={records}"], out=tmp_path / "reports")
     rows = rows_of(result["table"])
-    one = rows[("llama-server draft-simple", "1")]
+    server = "llama-server (Q4_K_M)"
+    one = rows[(server, "draft model (γ 4)", "1")]
     assert one["(ours) per-user speed-up"].startswith("1.5")  # the mean of 1.35, 1.5, 1.65, 1.5
     assert one["(ours) TTFT p50 (ms)"] == "200" and one["(ours) greedy TPOT p50 (ms)"] == "89"  # 0.8 s / 9
-    assert one["(ours) identical to greedy"] == "4/4"
-    assert rows[("llama-server ngram-simple", "2")]["(ours) greedy throughput (tok/s)"] == "not run yet"
+    assert one["(ours) identical to greedy"] == "4/4" and one["(ours) server acceptance"] == "50.0%"
+    assert rows[(server, "n-gram", "2")]["(ours) greedy throughput (tok/s)"] == "not run yet"
+    assert rows[("vLLM server", "draft model (γ 4)", "1")]["(ours) per-user speed-up"].startswith("1.1")
     crossover = json.loads(result["paths"]["crossover.json"].read_text())
-    assert 2 < crossover["speculative"]["crossover"] < 4  # 1.2x at 2, 0.8x at 4
-    assert crossover["prompt_lookup"]["crossover"] is None  # one level, above 1
+    assert 2 < crossover["llama_server/speculative"]["crossover"] < 4  # 1.2x at 2, 0.8x at 4
+    assert crossover["llama_server/prompt_lookup"]["crossover"] is None  # one level, above 1
     text = result["paths"]["crossover.md"].read_text()
-    assert "- speculative: 2." in text and "- prompt_lookup: none within the levels measured (1)" in text
+    assert f"- {server}: draft model (γ 4): 2." in text
+    assert f"- {server}: n-gram: none within the levels measured (1)" in text
     for figure in ("speedup_vs_load", "pareto", "latency_vs_load"):
         path = result["paths"][f"{figure}.png"]
         assert path.exists() and path.stat().st_size > 5000, path

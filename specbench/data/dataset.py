@@ -107,8 +107,10 @@ class PromptDataset:
     def _load_rows(self) -> list[dict]:
         if self.path:
             return read_rows(Path(self.path).expanduser(), "data.path")
-        if self.source:
-            return read_rows(package_file(self.source["package"], self.source["file"], self.name), "data.source")
+        if self.source:  # one file, or several read in order (AIME 2025's parts I and II)
+            files = self.source["file"]
+            return [row for file in ([files] if isinstance(files, str) else files)
+                    for row in read_rows(package_file(self.source["package"], file, self.name), "data.source")]
         if self.hub:
             return hub_rows(self.hub, self.name, bool(self.hub.get("allow_download", False)))
         raise ConfigError(f"data: dataset '{self.name}' has no source; set data.path=/path/to/rows.jsonl")

@@ -81,7 +81,7 @@ def cell_entry(spec, cell: Cell, keys: list[str]) -> Entry:
         batch_tok_per_s=s.get("batch_tok_per_s"), throughput_speedup=s.get("throughput_speedup"),
         baseline_batch_tok_per_s=s.get("batch_tok_per_s") if own else s.get("baseline_batch_tok_per_s"),
         **bound_values(s.get("bound")),
-        # served runs (engine=llama_server): the server's throughput and latencies (analysis/latency.serving_metrics)
+        # served runs (engine=llama_server, vllm_server): throughput, latencies (analysis/latency.serving_metrics)
         **{key: s.get(key) for key in SERVING_VALUES})
     if own and s.get("served_tok_per_s") is not None:  # the baseline server's own cell
         entry.values["baseline_served_tok_per_s"] = s["served_tok_per_s"]
@@ -106,7 +106,7 @@ def cell_entry(spec, cell: Cell, keys: list[str]) -> Entry:
 SERVING_VALUES = ("served_tok_per_s", "baseline_served_tok_per_s", "throughput_ratio", "user_speedup",
                   "user_tok_per_s", "baseline_user_tok_per_s", "goodput", "baseline_goodput", "ttft_p50_ms",
                   "ttft_p99_ms", "tpot_p50_ms", "tpot_p99_ms", "itl_p99_ms", "e2e_p99_ms", "baseline_ttft_p50_ms",
-                  "baseline_tpot_p50_ms")
+                  "baseline_tpot_p50_ms", "server_acceptance", "server_accept_length")
 
 
 # the metrics computed over identical work at T = 0 (analysis/identical_work.py), flagged together when a cell is unlike

@@ -23,26 +23,52 @@ KIND_KEY = "engine.load.kind"
 
 
 def served_cells(exp) -> dict[str, list]:
-    """The finished served cells with a baseline, by line (the server and method, as the report labels them), each
-    list in ascending load."""
+    """The finished served cells with a baseline, by line: the method's name, or ``<engine>/<method>`` where the
+    sweep has several servers; each list in ascending load."""
+    several = len({str(c.value("engine.name")) for c in exp.cells}) > 1
     lines: dict[str, list] = {}
     for cell in exp.cells:
         if cell.status == "ok" and cell.baseline_records and cell.summary.get("served_tok_per_s") is not None:
-            lines.setdefault(line_label(exp, cell), []).append(cell)
+            method = str(cell.value("method.name"))
+            lines.setdefault(f"{cell.value('engine.name')}/{method}" if several else method, []).append(cell)
     for cells in lines.values():
         cells.sort(key=lambda c: float(c.value(LEVEL_KEY)))
     return lines
 
 
-def line_label(exp, cell) -> str:
-    """'<server> <method>' by the experiment's labels (the method alone where every cell has one server)."""
-    labels = exp.spec.get("labels") or {}
+def labelled(exp, cell, key: str) -> str:
+    value = str(cell.value(key))
+    return str(((exp.spec.get("labels") or {}).get(key) or {}).get(value, value))
 
-    def label(key: str) -> str:
-        value = str(cell.value(key))
-        return str((labels.get(key) or {}).get(value, value))
-    servers = {str(c.value("engine.name")) for c in exp.cells}
-    return label("method.name") if len(servers) <= 1 else f"{label('engine.name')}: {label('method.name')}"
+
+def line_label(exp, cells: list) -> str:
+    """A line as the legend names it: the method's label, after the server's where the sweep has several."""
+    several = len({str(c.value("engine.name")) for c in exp.cells}) > 1
+    method = labelled(exp, cells[0], "method.name")
+    return f"{labelled(exp, cells[0], 'engine.name')}: {method}" if several else method
+
+
+def baselines(exp) -> dict[str, list[tuple]]:
+    """Per server (its label), the server without speculation at each load level: (level, per-user tok/s,
+    throughput, TTFT p50, TPOT p50), each the mean over the cells at that level (every method's cell timed its
+    own baseline passes, minutes apart: the mean uses them all)."""
+    points: dict[str, dict[float, list]] = {}
+    for cells in served_cells(exp).values():
+        for c in cells:
+            values = [c.summary.get(k) for k in ("baseline_user_tok_per_s", "baseline_served_tok_per_s",
+                                                 "baseline_ttft_p50_ms", "baseline_tpot_p50_ms")]
+            points.setdefault(labelled(exp, c, "engine.name"), {}).setdefault(float(c.value(LEVEL_KEY)),
+                                                                              []).append(values)
+    out = {}
+    for server, levels in points.items():
+        out[server] = [(level, *[mean_of([v[k] for v in rows]) for k in range(4)])
+                       for level, rows in sorted(levels.items())]
+    return out
+
+
+def mean_of(values: list) -> float | None:
+    values = [v for v in values if v is not None]
+    return sum(values) / len(values) if values else None
 
 
 def load_label(exp) -> str:
@@ -75,7 +101,8 @@ def speedup_vs_load(exp, out_dir: Path) -> list[Path]:
     fig = Figure(figsize=(5.2, 3.6))
     ax = fig.subplots()
     found = crossovers(exp)
-    for method, cells in lines.items():
+    for key, cells in lines.items():
+        method = line_label(exp, cells)
         xs = [float(c.value(LEVEL_KEY)) for c in cells]
         ys = [c.summary.get("user_speedup") for c in cells]
         bounds = [c.summary.get("user_speedup_ci95") or (y, y) for c, y in zip(cells, ys)]
@@ -84,7 +111,7 @@ def speedup_vs_load(exp, out_dir: Path) -> list[Path]:
         line = ax.errorbar(xs, ys, yerr=errors, marker="o", ms=4, capsize=3, label=f"{method}: per-user")
         ax.plot(xs, [c.summary.get("throughput_ratio") for c in cells], ls=":", marker="s", ms=3,
                 color=line[0].get_color(), label=f"{method}: throughput")
-        c = found.get(method) or {}
+        c = found.get(key) or {}
         if c.get("crossover") is not None:
             low, high = c["ci95"]
             ax.axvline(c["crossover"], color=line[0].get_color(), lw=0.8, ls="-.")
@@ -104,16 +131,16 @@ def pareto(exp, out_dir: Path) -> list[Path]:
         return []
     fig = Figure(figsize=(5.2, 3.6))
     ax = fig.subplots()
-    first = next(iter(lines.values()))
-    base = [(c.summary.get("baseline_user_tok_per_s"), c.summary.get("baseline_served_tok_per_s"),
-             c.value(LEVEL_KEY)) for c in first]
-    ax.plot([b[0] for b in base], [b[1] for b in base], marker="o", color="black", label="no speculation")
-    for method, cells in lines.items():
+    for server, points in baselines(exp).items():
+        name = "no speculation" if len(baselines(exp)) == 1 else f"{server}: no speculation"
+        ax.plot([p[1] for p in points], [p[2] for p in points], marker="o", color="black", label=name,
+                        ls="-" if server == next(iter(baselines(exp))) else "--")
+        for level, user, total, *_ in points:
+            if user is not None and total is not None:
+                ax.annotate(f"{level:g}", (user, total), fontsize=6, xytext=(3, 3), textcoords="offset points")
+    for cells in lines.values():
         ax.plot([c.summary.get("user_tok_per_s") for c in cells], [c.summary.get("served_tok_per_s") for c in cells],
-                marker="o", label=method)
-    for user, total, level in base:
-        if user is not None and total is not None:
-            ax.annotate(f"{level}", (user, total), fontsize=6, xytext=(3, 3), textcoords="offset points")
+                marker="o", label=line_label(exp, cells))
     ax.set_xlabel("per-user tokens/s (interactivity)")
     ax.set_ylabel("throughput (output tokens/s)")
     ax.legend(fontsize=7)
@@ -127,13 +154,16 @@ def latency_vs_load(exp, out_dir: Path) -> list[Path]:
         return []
     fig = Figure(figsize=(7.6, 3.2))
     left, right = fig.subplots(1, 2)
-    first = next(iter(lines.values()))
-    xs0 = [float(c.value(LEVEL_KEY)) for c in first]
-    left.plot(xs0, [c.summary.get("baseline_ttft_p50_ms") for c in first], color="black", marker="o",
-              label="no speculation, p50")
-    right.plot(xs0, [c.summary.get("baseline_tpot_p50_ms") for c in first], color="black", marker="o",
-               label="no speculation, p50")
-    for method, cells in lines.items():
+    servers = baselines(exp)
+    for server, points in servers.items():
+        name = "no speculation" if len(servers) == 1 else f"{server}: no speculation"
+        style = "-" if server == next(iter(servers)) else "--"
+        left.plot([p[0] for p in points], [p[3] for p in points], color="black", marker="o", ls=style,
+                  label=f"{name}, p50")
+        right.plot([p[0] for p in points], [p[4] for p in points], color="black", marker="o", ls=style,
+                   label=f"{name}, p50")
+    for cells in lines.values():
+        method = line_label(exp, cells)
         xs = [float(c.value(LEVEL_KEY)) for c in cells]
         for ax, name in ((left, "ttft"), (right, "tpot")):
             line, = ax.plot(xs, [c.summary.get(f"{name}_p50_ms") for c in cells], marker="o", label=f"{method}, p50")
@@ -160,7 +190,9 @@ def write_crossovers(exp, out_dir: Path) -> dict:
     lines = [f"Where speculation stops paying ({load_label(exp)}): the load at which the per-user speed-up over the "
              "server without speculation falls to 1.0×, interpolated in log load between levels, with a 95% "
              "bootstrap interval over each level's paired requests.", ""]
-    for method, c in found.items():
+    lines_of = served_cells(exp)
+    for key, c in found.items():
+        method = line_label(exp, lines_of[key])
         low, high = c["ci95"] if c["ci95"] else (None, None)
         levels = ", ".join(f"{x:g}" for x in c["levels"])
         if c["crossover"] is None:
