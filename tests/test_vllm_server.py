@@ -65,7 +65,8 @@ def test_speculation_counters_from_prometheus_text_and_per_level():
     (("method=lookahead",), "method"),
     (("engine.load.kind=rate", "engine.load.level=2"), "engine.slots"),
     (("engine.slo.p90_ms=5",), "engine.slo"),
-    (("engine.options.max_num_seqs=4",), "engine.options.max_num_seqs"),
+    (("+engine.options.max_num_seqs=4",), "engine.options.max_num_seqs: set by specbench"),
+    (("+engine.options.no_such_argument=4",), "engine.options.no_such_argument: not a vllm.LLM"),
     (("~data.limit",), "data.limit"),
 ])
 def test_bad_settings_are_refused_before_any_server_starts(tmp_path, options, key):
@@ -106,6 +107,8 @@ def test_speculative_vllm_server_against_its_baseline_under_load(tmp_path):
     assert serving["server_accept_length"] >= 1 and 0 <= serving["server_acceptance"] <= 1
     assert list(records.rglob("*.baseline-server.log")) and list(records.rglob("*.method-server.log"))
     assert "lossless: 3/3" in proc.stdout
+    assert re.search(r"served \(vllm \S+ server, concurrency 2, 3 requests\).*per-user speed-up .*server acceptance",
+                  proc.stdout)
 
 
 def test_the_near_tie_check_reads_the_servers_own_log_probabilities_and_catches_a_planted_bug(tmp_path):

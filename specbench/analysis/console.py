@@ -128,7 +128,9 @@ def render_headline(name: str, s: dict) -> str:
     elif s.get("speedup") is not None:
         lines.append(f"speedup vs greedy: {s['speedup']:.2f}x (unpaired: the baseline was timed separately"
                      + (f"; {work_text(s)})" if s.get("identical_work") else ")"))
-    if s.get("batch_size"):  # engine=vllm: the numbers above are per request (latency); throughput per batch
+    if s.get("serving"):  # a served run: the level's throughput and latencies instead of a batch's
+        lines.append(serving_line(s))
+    elif s.get("batch_size"):  # engine=vllm: the numbers above are per request (latency); throughput per batch
         line = (f"batch size {s['batch_size']} ({s.get('engine', '')}): throughput "
                 f"{fmt(s.get('batch_tok_per_s'))} tok/s")
         if not s.get("is_baseline") and s.get("throughput_speedup") is not None:
@@ -171,3 +173,25 @@ def render_headline(name: str, s: dict) -> str:
         counted = f"over {acc['scored']} scored prompt(s)" if acc["scored"] else f"{acc['not_scored']} prompt(s)"
         lines.append(f"task score: {accuracy_text(acc)} {counted}")
     return "\n".join(lines)
+
+
+def serving_line(s: dict) -> str:
+    """A served run's level (analysis/latency.serving_metrics): throughput on both servers, the paired per-user
+    speed-up, median latencies and the server's own acceptance."""
+    v, load = s["serving"], s["serving"].get("load", {})
+    level = f"concurrency {load.get('value', 0):g}" if load.get("kind") == "concurrency" else \
+        f"{load.get('value', 0):g} requests/s"
+    line = (f"served ({s.get('engine', '')}, {level}, {load.get('requests')} requests): throughput "
+            f"{fmt(v.get('served_tok_per_s'))} tok/s, TTFT p50 {fmt(v.get('ttft_p50_ms'), '.0f')} ms, TPOT p50 "
+            f"{fmt(v.get('tpot_p50_ms'), '.0f')} ms")
+    if v.get("baseline_served_tok_per_s") is not None:
+        ci = v.get("user_speedup_ci95")
+        line += (f"; without speculation {fmt(v['baseline_served_tok_per_s'])} tok/s, TPOT p50 "
+                 f"{fmt(v.get('baseline_tpot_p50_ms'), '.0f')} ms; per-user speed-up {fmt(v.get('user_speedup'))}x"
+                 f"{f' [{ci[0]:.2f}, {ci[1]:.2f}]' if ci else ''}, throughput {fmt(v.get('throughput_ratio'))}x")
+    if v.get("server_acceptance") is not None:
+        line += f"; server acceptance {v['server_acceptance']:.1%}"
+        if v.get("server_accept_length") is not None:
+            line += f", acceptance length {v['server_accept_length']:.2f}"
+    return line
+

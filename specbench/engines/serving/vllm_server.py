@@ -20,12 +20,17 @@ from pathlib import Path
 import httpx
 from omegaconf import DictConfig, OmegaConf
 
-from ...errors import ServerError
+from ...errors import ServerError, require
 from ...run.runner import Entry, RunSpec
 from ..vllm import VllmEngine
 from .load import ServingEngine
 from .served_run import ServedRun
 from .servers import ServerHandle, VllmServer
+
+
+# engine arguments the server command sets itself (servers.VllmServer.command), and what sets them
+SET_BY_US = {"max_num_seqs": "engine.slots (null: the concurrency level)",
+             "generation_config": "always vllm: sampling defaults are vLLM's, not the checkpoint's"}
 
 
 class VllmServerEngine(ServingEngine, VllmEngine):
@@ -44,6 +49,8 @@ class VllmServerEngine(ServingEngine, VllmEngine):
     def check(self, cfg: DictConfig, pair=None) -> None:
         VllmEngine.check(self, cfg, pair)
         self.check_load(cfg)
+        for key, ours in SET_BY_US.items():
+            require(key not in self.options, f"engine.options.{key}", f"set by specbench for a served run: {ours}")
 
     def open(self, cfg: DictConfig, inputs, spec: RunSpec, pair=None) -> "VllmServerRun":
         return VllmServerRun(self, cfg, inputs, spec)
