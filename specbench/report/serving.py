@@ -98,7 +98,7 @@ def speedup_vs_load(exp, out_dir: Path) -> list[Path]:
     lines = served_cells(exp)
     if not lines:
         return []
-    fig = Figure(figsize=(5.2, 3.6))
+    fig = Figure(figsize=(8.0, 3.6))
     ax = fig.subplots()
     found = crossovers(exp)
     for key, cells in lines.items():
@@ -120,7 +120,7 @@ def speedup_vs_load(exp, out_dir: Path) -> list[Path]:
     ax.axhline(1.0, color="grey", lw=0.8, ls="--", label="1.0×: speculation stops paying")
     load_axis(ax, exp)
     ax.set_ylabel("speed-up vs the server without speculation")
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the axes: lines cross anywhere
     ax.set_title(exp.spec.get("title", exp.name), fontsize=8)
     return save(fig, out_dir, "speedup_vs_load")
 
@@ -129,7 +129,7 @@ def pareto(exp, out_dir: Path) -> list[Path]:
     lines = served_cells(exp)
     if not lines:
         return []
-    fig = Figure(figsize=(5.2, 3.6))
+    fig = Figure(figsize=(8.0, 3.6))
     ax = fig.subplots()
     for server, points in baselines(exp).items():
         name = "no speculation" if len(baselines(exp)) == 1 else f"{server}: no speculation"
@@ -143,7 +143,7 @@ def pareto(exp, out_dir: Path) -> list[Path]:
                 marker="o", label=line_label(exp, cells))
     ax.set_xlabel("per-user tokens/s (interactivity)")
     ax.set_ylabel("throughput (output tokens/s)")
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the axes: lines cross anywhere
     ax.set_title(f"{exp.spec.get('title', exp.name)}: points are load levels", fontsize=8)
     return save(fig, out_dir, "pareto")
 
