@@ -245,14 +245,18 @@ class VllmEngine:
         if self.resolved_device() == "cuda":  # the baseline's and the method's engines share the GPUs: half each
             kwargs["gpu_memory_utilization"] = self.gpu_memory_utilization / 2  # (also alone: one baseline run)
         if speculative is not None:
-            speculative = dict(speculative)
-            if self.draft_tensor_parallel_size is not None and "model" in speculative:
-                speculative.setdefault("draft_tensor_parallel_size", self.draft_tensor_parallel_size)
-            kwargs.update(speculative_config=speculative, per_request_spec_decode_metrics="detailed")
+            kwargs.update(speculative_config=self.drafting(speculative), per_request_spec_decode_metrics="detailed")
         if files.local_files_only:
             os.environ.setdefault("HF_HUB_OFFLINE", "1")
         with self.environment(threads):
             return LLM(**{**kwargs, **self.options})
+
+    def drafting(self, speculative: dict) -> dict:
+        """``speculative`` (a speculative_config) with engine.draft_tensor_parallel_size where it drafts with a
+        model and the method did not set its own."""
+        if self.draft_tensor_parallel_size is not None and "model" in speculative:
+            return {"draft_tensor_parallel_size": self.draft_tensor_parallel_size, **speculative}
+        return dict(speculative)
 
     def files(self, cfg: DictConfig):
         """The pair's files (engines/checkpoints.py), located once per run."""

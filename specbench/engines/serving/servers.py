@@ -16,6 +16,7 @@ speculative server and its baseline differ in nothing else.
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import sys
@@ -39,6 +40,16 @@ def llama_server_binary(path: str | None = None) -> Path:
             return Path(candidate)
     raise ConfigError(f"engine.binary: no llama-server at {path or LLAMA_SERVER_BINARY}: build it with `make "
                       "llama-server` (llama.cpp's server from the source the bindings compile), or give its path")
+
+
+def on_free_port(label: str, command, log_path: Path, start_timeout_s: float,
+                 env: dict | None = None) -> tuple[ServerProcess, str]:
+    """A server as a process on a free port of 127.0.0.1 (not started), health-checked at ``/health``, and its base
+    URL; ``command(port)`` is its argv."""
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    return ServerProcess(label, command(port), base + "/health", log_path, env=env,
+                         start_timeout_s=start_timeout_s), base
 
 
 @dataclass(frozen=True)
@@ -87,11 +98,7 @@ class LlamaServer:
         return f"{self.name}{' (' + self.spec_type + ')' if self.spec_type else ''}"
 
     def process(self, log_path: Path, start_timeout_s: float = 300.0) -> tuple[ServerProcess, str]:
-        """The server as a process on a free port (not started) and its base URL."""
-        port = free_port()
-        base = f"http://127.0.0.1:{port}"
-        return ServerProcess(self.label, self.command(port), base + "/health", log_path,
-                             start_timeout_s=start_timeout_s), base
+        return on_free_port(self.label, self.command, log_path, start_timeout_s)
 
     def counters(self, base_url: str) -> dict | None:
         """Server-wide speculation counters (llama-server reports them per request instead: client.py)."""
@@ -147,13 +154,8 @@ class VllmServer:
         return args
 
     def process(self, log_path: Path, start_timeout_s: float = 600.0) -> tuple[ServerProcess, str]:
-        import os
-
-        port = free_port()
-        base = f"http://127.0.0.1:{port}"
         env = {**os.environ, "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "1"), **dict(self.env)}
-        return ServerProcess(self.label, self.command(port), base + "/health", log_path, env=env,
-                             start_timeout_s=start_timeout_s), base
+        return on_free_port(self.label, self.command, log_path, start_timeout_s, env)
 
     def counters(self, base_url: str) -> dict | None:
         """vLLM's speculation totals since it started (summed over its engines), from ``/metrics``; None without

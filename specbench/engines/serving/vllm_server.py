@@ -109,8 +109,7 @@ class VllmServerRun(ServedRun):
         is_baseline = inputs.base_spec.key == spec.key
         speculative = None if is_baseline else speculative_config(OmegaConf.to_container(cfg.method, resolve=True),
                                                                   files)
-        if speculative is not None and engine.draft_tensor_parallel_size is not None and "model" in speculative:
-            speculative = {"draft_tensor_parallel_size": engine.draft_tensor_parallel_size, **speculative}
+        speculative = engine.drafting(speculative) if speculative is not None else None
         if device == "cpu":  # before any server starts: the weights and KV caches of both must fit
             engine.check_weights_memory(files, drafts=bool(speculative) and speculative.get("model") == files.draft,
                                         engines=1 if is_baseline else 2)
