@@ -123,7 +123,7 @@ def test_partners_and_matched_baseline():
     baseline = [b9, b2, b_sep, b1]
     assert partners_of([m1, m2, m_sep], baseline) == {"r1": b1, "r2": b2}  # round None is never a partner
     assert matched_baseline([m2, m1, m_sep], baseline) == [b2, b1]  # in the records' order, unpaired left out
-    assert matched_baseline([m_sep], baseline) == baseline  # nothing paired: the whole baseline
+    assert matched_baseline([m_sep], baseline) == [b9, b2, b_sep]  # unpaired: one per (prompt, repeat)
     assert partners_of([m_sep], baseline) == {}
 
 
@@ -334,6 +334,34 @@ def test_unpaired_speedup_by_hand_on_common_prompts():
     assert speedup_text(s) == "1.60x ±0.71 unpaired"
     assert ("speedup vs greedy: 1.60x (unpaired: the baseline was timed separately; over 30 of 30 tokens emitted "
             "alike)") in render_headline("m", summarize(method, baseline)).splitlines()
+
+
+def test_unpaired_identical_work_pairs_repeat_with_repeat_and_equals_the_whole_output_ratio():
+    """Every output identical: over identical work the unpaired speed-up is the whole-output one. Greedy's second
+    repeat (3 s) counts, not only its first (1 s): 2 prompts x 2 repeats at 0.5 s each against greedy's 1 s and 3 s
+    is 4.0x either way (it read 2.0x when every repeat was compared with greedy's first)."""
+    method = [rec(p, 10, 0.5, repeat=k) for p in ("p1", "p2") for k in (0, 1)]
+    baseline = [rec(p, 10, wall, repeat=k) for p in ("p1", "p2") for k, wall in ((0, 1.0), (1, 3.0))]
+    s = compare(method, baseline)
+    assert s["speedup"] == pytest.approx(4.0) and s["speedup_whole"] == pytest.approx(4.0)
+    assert s["speedup_total"] == pytest.approx(4.0)
+
+
+def test_an_unpaired_comparison_reads_the_baseline_timed_alone_not_other_methods_rounds():
+    """A baseline file holds its lines timed alone and one per round some other method paired in (here at 3 s): the
+    report and the run compare an unpaired method with the same baseline, one record per (prompt, repeat), timed
+    alone where there is one."""
+    alone = [rec("p1", 10, 1.0), rec("p2", 10, 1.0)]
+    rounds = [rec("p1", 10, 3.0, round_id="x"), rec("p2", 10, 3.0, round_id="y")]
+    method = [rec("p1", 10, 0.5), rec("p2", 10, 0.5)]
+    for stored in (alone + rounds, rounds[:1] + alone + rounds[1:]):
+        assert one_per_prompt(stored) == alone and matched_baseline(method, stored) == alone
+        assert first_repeat(stored, "p1") is alone[0]
+        s = compare(method, stored)
+        assert s["speedup_whole"] == pytest.approx(2.0) and s["baseline_tok_per_s"] == pytest.approx(10.0)
+        assert s["speedup"] == pytest.approx(2.0)
+    assert one_per_prompt(rounds[:1] + alone[1:]) == rounds[:1] + alone[1:]  # none alone for p1: its first stored
+    assert compare(method, rounds)["baseline_tok_per_s"] == pytest.approx(10 / 3)
 
 
 def test_no_common_prompt_gives_no_speedup():

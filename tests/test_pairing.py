@@ -4,6 +4,8 @@ import signal
 import subprocess
 import sys
 
+import pytest
+
 from specbench.analysis.metrics import bootstrap_mean_ci, compare
 from specbench.records.schema import RunRecord
 
@@ -86,13 +88,25 @@ def test_interleaved_rounds_alternate_order_share_round_ids_and_resume(tmp_path)
 
 
 def test_separate_pairing_times_the_baseline_alone_and_reports_unpaired(tmp_path):
+    """The baseline's file already holds greedy's lines from an interleaved run of another method: a separate run
+    times greedy alone all the same (those lines were timed in other rounds), once; a re-run resumes."""
     records = tmp_path / "records"
+    run_cli("method=lookahead", "data.limit=2", "data.max_new_tokens=8", records_dir=records)
+    assert {r["pairing"]["mode"] for r in load(records, "greedy")} == {"interleaved"}
     proc = run_cli("method=speculative", "runner.pairing=separate", "data.limit=2", "data.max_new_tokens=8",
                    records_dir=records)
     assert "unpaired" in proc.stdout
     assert {r["pairing"]["mode"] for r in load(records, "speculative")} == {"separate"}
+    greedy = load(records, "greedy")
+    assert [r["pairing"]["mode"] for r in greedy] == ["interleaved"] * 2 + ["separate"] * 2
     summary = json.loads(next(records.rglob("speculative-*.summary.json")).read_text())
     assert summary["paired"] is False and summary["identical"] == 2
+    alone = [r for r in greedy if r["pairing"]["mode"] == "separate"]
+    assert summary["baseline_tok_per_s"] == pytest.approx(sum(r["new_tokens"] for r in alone)
+                                                         / sum(r["wall_s"] for r in alone))
+    run_cli("method=speculative", "runner.pairing=separate", "data.limit=2", "data.max_new_tokens=8",
+            records_dir=records)
+    assert len(load(records, "greedy")) == 4 and len(load(records, "speculative")) == 2
 
 
 def test_killed_interleaved_run_resumes_without_redoing_finished_pairs(tmp_path):

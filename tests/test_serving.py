@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 
 from specbench.analysis.latency import (Slo, crossing, crossover, level_summary, serving_metrics, paired_ratios,
-                                        percentile, timing)
+                                        percentile, prompt_means, throughput_ratio, timing)
+from specbench.analysis.metrics import bootstrap_mean_ci
 from specbench.engines.serving.client import OpenAICompletions, stream
 from specbench.engines.serving.driver import run_level
 from specbench.engines.serving.load import LoadLevel, poisson_arrivals, prompt_order
@@ -93,9 +94,40 @@ def test_speedups_pair_each_request_with_the_baselines_in_its_round():
     spec = [served("a", "r1:0", chunks=[(0.1, 1), (0.2, 4)]),  # 5 tokens in 0.2 s against 0.4 s: 2x
             served("b", "r1:1", chunks=[(0.2, 5)], error="dropped"),  # failed: no ratio
             served("a", "r3:0", chunks=[(0.1, 5)])]  # no baseline in its round: no ratio
-    assert paired_ratios(spec, base) == [2.0]
+    assert paired_ratios(spec, base) == [[2.0]]
     s = serving_metrics(spec, base)
     assert s["user_speedup"] == 2.0 and s["user_speedup_pairs"] == 1 and s["user_speedup_ci95"] is None  # 1 pair
+
+
+def test_a_prompts_repeats_are_one_prompt_in_the_speed_up_and_its_interval():
+    """Three repeats of five prompts are five prompts: the interval resamples prompts (each its repeats' mean), not
+    fifteen requests as if they were independent, which would narrow it about as √3 does."""
+    base, spec, k = [], [], 0
+    for prompt, ratio in zip("abcde", (1.0, 1.1, 1.2, 1.3, 1.4)):
+        for jitter in (-0.01, 0.0, 0.01):
+            base.append(served(prompt, f"r{k}:0", chunks=[(0.5, 5)]))
+            spec.append(served(prompt, f"r{k}:0", chunks=[(0.5 / (ratio + jitter), 5)]))
+            k += 1
+    ratios = paired_ratios(spec, base)
+    assert [len(r) for r in ratios] == [3] * 5 and prompt_means(ratios) == pytest.approx([1.0, 1.1, 1.2, 1.3, 1.4])
+    s = serving_metrics(spec, base)
+    assert s["user_speedup"] == pytest.approx(1.2) and s["user_speedup_pairs"] == 15
+    low, high = s["user_speedup_ci95"]
+    assert [low, high] == pytest.approx(bootstrap_mean_ci([[m] for m in prompt_means(ratios)]), abs=0.01)
+    per_request = bootstrap_mean_ci([[x] for r in ratios for x in r])
+    assert high - low > 1.3 * (per_request[1] - per_request[0])
+
+
+def test_the_throughput_ratio_pairs_each_round_with_the_baselines_pass_in_it():
+    """Round 1 ran on a quiet machine, round 2 on a loaded one: each round's ratio is 2x, the mean of the rounds'
+    ratios too; dividing the rounds' averaged throughputs would mix the two rounds' loads."""
+    base = [served("a", "r1:0", "b1", chunks=[(1.0, 4)]), served("a", "r2:0", "b2", chunks=[(4.0, 4)])]
+    spec = [served("a", "r1:0", "s1", chunks=[(0.5, 4)]), served("a", "r2:0", "s2", chunks=[(2.0, 4)]),
+            served("a", "r3:0", "s3", chunks=[(0.01, 4)])]  # no baseline pass in round 3: not in the ratio
+    assert throughput_ratio(spec, base) == pytest.approx(2.0)
+    assert serving_metrics(spec, base)["throughput_ratio"] == pytest.approx(2.0)
+    unrounded = [served("a", "", "u", chunks=[(1.0, 4)])]
+    assert throughput_ratio([served("a", "", "v", chunks=[(0.25, 4)])], unrounded) == pytest.approx(4.0)
 
 
 def test_rates_are_per_level_pass_and_averaged_not_pooled_across_passes():

@@ -117,20 +117,26 @@ def timeline_of(record) -> Timeline | None:
     return Timeline.from_dict(record.serving) if getattr(record, "serving", None) else None
 
 
-def paired_ratios(method: list, baseline: list) -> list[float]:
-    """Per request of a level, the method's per-user tokens/s over the baseline's request on the same prompt in the
-    same round (the runner's round id: ``<round>:<position>``), both finished (schema.RunRecords with ``serving``);
-    the mean over a prompt's repeats comes later."""
+def paired_ratios(method: list, baseline: list) -> list[list[float]]:
+    """Per prompt (in the order of ``method``), its requests' per-user tokens/s over the baseline's request on the
+    same prompt in the same round (the runner's round id: ``<round>:<position>``), both finished (schema.RunRecords
+    with ``serving``): one ratio per repeat. Intervals resample prompts, each its repeats' mean (the paired speed-up's
+    rule, analysis/metrics.py), so repeats never count as more prompts."""
     theirs = {r.pairing["round"]: timeline_of(r) for r in baseline if r.pairing and timeline_of(r)}
-    out = []
+    out: dict[str, list[float]] = {}
     for r in method:
         mine, base = timeline_of(r), theirs.get((r.pairing or {}).get("round"))
         if mine is None or base is None or mine.error or base.error:
             continue
         a, b = timing(mine.chunks, mine.e2e_s), timing(base.chunks, base.e2e_s)
         if a is not None and b is not None and b.user_tok_per_s > 0:
-            out.append(a.user_tok_per_s / b.user_tok_per_s)
-    return out
+            out.setdefault(r.prompt_id, []).append(a.user_tok_per_s / b.user_tok_per_s)
+    return list(out.values())
+
+
+def prompt_means(ratios: list[list[float]]) -> list[float]:
+    """Each prompt's mean over its repeats (``paired_ratios``)."""
+    return [statistics.fmean(r) for r in ratios if r]
 
 
 def crossing(levels: list[float], speedups: list[float]) -> float | None:
@@ -149,8 +155,9 @@ def crossing(levels: list[float], speedups: list[float]) -> float | None:
 
 def crossover(levels: list[float], ratios: list[list[float]], samples: int = 4000, seed: int = 0) -> dict:
     """The load (concurrency or arrival rate, ``levels`` ascending) at which speculation stops paying, from each
-    level's paired ratios: its point estimate (``crossing`` of the levels' mean ratios, None: no crossover within
-    the levels) and a 95% percentile bootstrap interval (each level's ratios resampled on their own). A resample
+    level's paired ratios, one per prompt (``prompt_means``): its point estimate (``crossing`` of the levels' mean
+    ratios, None: no crossover within the levels) and a 95% percentile bootstrap interval (each level's prompts
+    resampled on their own). A resample
     that never crosses lies beyond the last level: an interval end there is None, and ``beyond`` is the share of
     such resamples. Levels without ratios are left out."""
     kept = [(x, r) for x, r in zip(levels, ratios) if r]
@@ -200,7 +207,7 @@ def served(records: list, slo: Slo = Slo()) -> dict:
 def serving_metrics(records: list, baseline_records: list | None, slo: Slo = Slo()) -> dict:
     """A served run's flat numbers, as summaries and reports show them: the method's server's and the baseline's
     throughput, goodput, per-user tokens/s and latency percentiles (ms), the paired per-user speed-up with its
-    interval and the throughput ratio (the mean over passes of each pass's ratio)."""
+    interval and the throughput ratio (``throughput_ratio``: the mean over rounds of each round's ratio)."""
     mine = served(records, slo)
     out = {"served_tok_per_s": mine.get("tok_per_s"), "goodput": mine.get("goodput_req_per_s"),
            "user_tok_per_s": mine.get("user_tok_per_s"), "served_failed": mine.get("failed")}
@@ -214,12 +221,36 @@ def serving_metrics(records: list, baseline_records: list | None, slo: Slo = Slo
                    baseline_ttft_p50_ms=(base.get("ttft_ms") or {}).get("p50"),
                    baseline_tpot_p50_ms=(base.get("tpot_ms") or {}).get("p50"))
         ratios = paired_ratios(records, baseline_records)
-        out["user_speedup"] = statistics.fmean(ratios) if ratios else None
-        out["user_speedup_ci95"] = bootstrap_mean_ci([[x] for x in ratios])
-        out["user_speedup_pairs"] = len(ratios)
-        out["throughput_ratio"] = (out["served_tok_per_s"] / out["baseline_served_tok_per_s"]
-                                   if out["served_tok_per_s"] and out["baseline_served_tok_per_s"] else None)
+        out["user_speedup"] = statistics.fmean(prompt_means(ratios)) if ratios else None
+        out["user_speedup_ci95"] = bootstrap_mean_ci(ratios)
+        out["user_speedup_pairs"] = sum(map(len, ratios))
+        out["throughput_ratio"] = throughput_ratio(records, baseline_records, slo)
     return {**out, **server_speculation(records)}
+
+
+def round_of(record) -> str | None:
+    """The runner's round a served record's level pass ran in (its round id without the request's position)."""
+    return ((record.pairing or {}).get("round") or "").split(":")[0] or None
+
+
+def throughput_ratio(records: list, baseline_records: list, slo: Slo = Slo()) -> float | None:
+    """The method's server's output tokens/s over the baseline's, pass by pass: the mean over rounds of each round's
+    ratio (both servers ran that round's level back to back, so drift between rounds cancels); without rounds in
+    common, the ratio of the pass-averaged throughputs."""
+    def by_round(recs):
+        groups: dict[str, list] = {}
+        for r in recs:
+            if round_of(r) is not None:
+                groups.setdefault(round_of(r), []).append(r)
+        return groups
+
+    mine, theirs = by_round(records), by_round(baseline_records)
+    ratios = [a / b for a, b in ((served(mine[k], slo).get("tok_per_s"), served(theirs[k], slo).get("tok_per_s"))
+                                 for k in mine.keys() & theirs.keys()) if a and b]
+    if ratios:
+        return statistics.fmean(ratios)
+    a, b = served(records, slo).get("tok_per_s"), served(baseline_records, slo).get("tok_per_s")
+    return a / b if a and b else None
 
 
 def server_speculation(records: list) -> dict:

@@ -113,26 +113,40 @@ def partners_of(records, baseline) -> dict[str, RunRecord]:
 
 def matched_baseline(records, baseline) -> list[RunRecord]:
     """The baseline records these records are measured against: their rounds' partners when they were paired,
-    else the whole baseline."""
+    else the baseline as the run measured against it, one record per (prompt, repeat) (``one_per_prompt``: not
+    the lines other methods' rounds added to its file)."""
     partners = partners_of(records, baseline)
-    return [partners[r.round] for r in records if r.round in partners] if partners else list(baseline)
+    return [partners[r.round] for r in records if r.round in partners] if partners else one_per_prompt(baseline)
 
 
 def first_repeat(records, prompt_id: str) -> RunRecord | None:
-    """The lowest-repeat record of ``prompt_id`` (a stored baseline's reference for that prompt), if any."""
-    mine = [r for r in records if r.prompt_id == prompt_id]
+    """The lowest-repeat record of ``prompt_id`` that ``one_per_prompt`` keeps (a stored baseline's reference for
+    that prompt), if any."""
+    mine = one_per_prompt(r for r in records if r.prompt_id == prompt_id)
     return min(mine, key=lambda r: r.repeat) if mine else None
 
 
 def one_per_prompt(records) -> list[RunRecord]:
-    """One record per (prompt, repeat), the first stored: a baseline file holds one per round it was paired in,
-    and a baseline summarised on its own counts each (prompt, repeat) once."""
+    """One record per (prompt, repeat), in stored order: the first timed alone (``round`` None: a baseline run on
+    its own, ``runner.pairing=separate``) where there is one, else the first stored. A baseline file also holds one
+    line per round it was paired in with some method; a baseline summarised or compared on its own counts each
+    (prompt, repeat) once, timed as a run on its own is (run/runner.py times those alone)."""
+    records = list(records)
+    alone = {(r.prompt_id, r.repeat) for r in records if r.round is None}
     seen, out = set(), []
     for r in records:
-        if (r.prompt_id, r.repeat) not in seen:
-            seen.add((r.prompt_id, r.repeat))
+        key = (r.prompt_id, r.repeat)
+        if key not in seen and (r.round is None or key not in alone):
+            seen.add(key)
             out.append(r)
     return out
+
+
+def same_repeat(baseline, record: RunRecord) -> RunRecord | None:
+    """The baseline record of ``record``'s prompt and repeat (``one_per_prompt``'s), else its prompt's first repeat:
+    what an unpaired record's identical work is compared with."""
+    return next((b for b in one_per_prompt(baseline) if (b.prompt_id, b.repeat) == (record.prompt_id, record.repeat)),
+                None) or first_repeat(baseline, record.prompt_id)
 
 
 def reference_of(record: RunRecord, baseline: list[RunRecord], paired: dict | None) -> RunRecord | None:
@@ -356,7 +370,9 @@ def compare(records, baseline, exact: bool = True) -> dict:
     baseline records (what the bound's efficiency divides); ``speedup_std`` the std over repeats of the per-repeat
     mean ratio. Records without a partner (a baseline line lost) are left out and counted (``unpaired_records``).
     Unpaired: speedup is a ratio of sums over the prompts both have (baseline timed separately, so load drift
-    between the two is in the number).
+    between the two is in the number), against the baseline's records one per (prompt, repeat) as the run compared
+    them (``one_per_prompt``: timed alone where they were); identical work pairs each repeat with the baseline's
+    same repeat (else its first), so where nothing diverged it equals the whole-output ratio.
     """
     partners = partners_of(records, baseline)
     lossless = losslessness(records, baseline, partners) if exact else {
@@ -390,6 +406,7 @@ def compare(records, baseline, exact: bool = True) -> dict:
         if exact:
             out.update(over_identical_work(paired, paired=True))
         return out
+    baseline = one_per_prompt(baseline)  # as the run compared: not other methods' rounds' lines
     ours, base = by_prompt(records), by_prompt(baseline)
     common = sorted(ours.keys() & base.keys())
     if not common:
@@ -412,8 +429,8 @@ def compare(records, baseline, exact: bool = True) -> dict:
         **lossless,
     }
     if exact:
-        out.update(over_identical_work([(r, first_repeat(baseline, r.prompt_id)) for pid in common
-                                        for r in ours[pid]], paired=False))
+        out.update(over_identical_work([(r, same_repeat(baseline, r)) for pid in common for r in ours[pid]],
+                                       paired=False))
     return out
 
 
@@ -438,7 +455,7 @@ def over_identical_work(pairs, paired: bool) -> dict:
         ratios = [[w.speedup for w in ws] for ws in by_prompt.values()]
         speedup = statistics.fmean(statistics.fmean(v) for v in ratios) if ratios else None
         prompt_mean, interval = speedup, bootstrap_mean_ci(ratios)
-    else:  # ratios of sums: overall, and per prompt (its repeats against greedy's first) averaged
+    else:  # ratios of sums: overall, and per prompt (each repeat against greedy's same one, else its first)
         method_s = sum(w.method_s for w in compared)
         speedup = sum(w.greedy_s for w in compared) / method_s if method_s else None
         per_prompt = [sum(w.greedy_s for w in ws) / sum(w.method_s for w in ws) for ws in by_prompt.values()]

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from matplotlib.figure import Figure
 
-from ..analysis.latency import crossover, paired_ratios
+from ..analysis.latency import crossover, paired_ratios, prompt_means
 from .figure_files import save
 
 LEVEL_KEY = "engine.load.level"
@@ -90,7 +90,7 @@ def crossovers(exp) -> dict[str, dict]:
     out = {}
     for method, cells in served_cells(exp).items():
         levels = [float(c.value(LEVEL_KEY)) for c in cells]
-        out[method] = crossover(levels, [paired_ratios(c.records, c.baseline_records) for c in cells])
+        out[method] = crossover(levels, [prompt_means(paired_ratios(c.records, c.baseline_records)) for c in cells])
     return out
 
 

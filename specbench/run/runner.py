@@ -142,6 +142,8 @@ class Runner:
     def _run(self, entries, examples, warmup_example, reference, order_offset, baselines):
         units = list(range(1, len(entries))) or [0]  # entries whose records decide what is left to do
         previous = [e.spec.records_for(examples) for e in entries]
+        if len(entries) == 1:  # a run on its own is timed alone: a baseline file's lines from other methods'
+            previous[0] = [r for r in previous[0] if r.round is None]  # rounds are not its timings
         done = {j: {(r.prompt_id, r.repeat) for r in previous[j]} for j in units}
         rounds = self.rounds(examples, units, done)
         kept = sum(len(done[j]) for j in units)
@@ -165,7 +167,7 @@ class Runner:
         if len(entries) > 1:  # the baseline records that belong to the returned rounds
             paired = {r.round for j in units for r in records[j]}
             records[0] = [r for r in records[0] if r.round in paired]
-        else:  # a baseline run on its own: one record per (prompt, repeat), though its file holds paired ones too
+        else:  # a run on its own: one record per (prompt, repeat), each timed alone
             records[0] = one_per_prompt(records[0])
         return records
 
