@@ -25,6 +25,10 @@ def interrupted(cfg: DictConfig | None) -> None:
     sys.exit(INTERRUPTED)
 
 
+def multirun() -> bool:
+    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
+
+
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
 def main(cfg: DictConfig) -> float | None:
     """One benchmark. Returns ``summary[cfg.objective]`` (tok/s by default) for optimising sweepers."""
@@ -39,15 +43,19 @@ def main(cfg: DictConfig) -> float | None:
         summary = run(cfg)
     except tuple(EXIT_CODES) as exc:
         print(f"specbench: error: {exc}", file=sys.stderr)
-        if HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN:
+        if multirun():
             raise  # the launcher records this job as failed and goes on with the others
         sys.exit(exit_code(exc))
     except KeyboardInterrupt:
         interrupted(cfg)
     objective = cfg.get("objective") or "tok_per_s"
-    if objective not in summary:
-        fail("specbench", ConfigError(f"objective: {objective!r} is not a summary key; valid: "
-                                      f"{sorted(k for k, v in summary.items() if isinstance(v, (int, float)))}"))
+    if objective not in summary:  # a summary number this run does not have (a baseline's run has no speedup)
+        error = ConfigError(f"objective: {objective!r} is not in this run's summary; its numbers: "
+                            f"{sorted(k for k, v in summary.items() if isinstance(v, (int, float)))}")
+        if multirun():  # this job's records are kept; the sweep goes on
+            print(f"specbench: error: {error}", file=sys.stderr)
+            raise error
+        fail("specbench", error)
     value = summary[objective]
     return float(value) if isinstance(value, (int, float)) else None
 

@@ -67,6 +67,15 @@ def read_weights(directory: Path) -> dict:
     return state
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+UMASK = _umask()  # read once, at import (setting it to read it is process-wide: never while threads write files)
+
+
 def write_json(path: Path, payload: dict) -> None:
     """Atomic write for derived files such as the run summary: a temporary file of its own in the same directory
     (two processes writing one summary never share it), fsync'ed, then renamed over ``path``; removed on failure.
@@ -77,6 +86,7 @@ def write_json(path: Path, payload: dict) -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        os.fchmod(fd, 0o666 & ~UMASK)  # as open() would make it (mkstemp's are 0600: others could not read)
         with os.fdopen(fd, "wb") as fh:
             fh.write(text)
             fh.flush()

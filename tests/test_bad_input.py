@@ -59,6 +59,9 @@ BAD = {  # override(s) -> the start of the one-line error
     "method=ouroboros method.phrase_draft=no": "method.phrase_draft: must be true or false, got 'no'",
     "+data.limt=2": "data.limt: unknown key for specbench.data.PromptDataset (did you mean 'limit'?); valid: ",
     "+foo=1": "foo: unknown top-level key; valid: baseline, data,",
+    # checked before the first job of a sweep (it stopped the whole sweep after the first job measured)
+    "objective=speedupp": "objective: unknown summary number (did you mean 'speedup'?); valid: acceptance_rate,",
+    "objective=method": "objective: unknown summary number",
     "data.max_new_tokens=many": "data.max_new_tokens: must be an integer, got 'many'",
     "method.gamma=-1": "method.gamma: must be a positive integer (draft tokens per step, γ) or auto, got -1",
     "method=swift method.skip_layers=[5]": "method.skip_layers: the target has 2 decoder layers (0..1); no layer [5]",
@@ -85,6 +88,8 @@ BAD = {  # override(s) -> the start of the one-line error
     "model.hidden_size=big": "model.hidden_size: must be an integer, got 'big'",
     "+model.hiden_size=32": "model.hiden_size: unknown key for specbench.models.tiny.build_tiny_pair (did you mean",
     "model.dtype=half": "model.dtype: unknown dtype 'half'",
+    "+model.attn_implementation=nosuch": "model.attn_implementation: unknown attention implementation 'nosuch'; "
+                                         "valid: auto, eager, ",  # was transformers' traceback after building
     "model.device=tpu": "model.device: 'tpu' is not a device (",  # was a RuntimeError traceback from torch
     "logger=wandb logger.mode=sometimes": "logger.mode: 'sometimes' is not one of",
     "logger=wandb +logger.projekt=x": "logger.projekt: unknown key for specbench.tracking.WandbTracker",
@@ -235,6 +240,23 @@ def test_threads_above_the_cpus_this_process_may_use_are_refused_unless_asked_fo
     check_settings(composed(*common))  # null: the cores it may use
 
 
+def test_a_scorer_option_misspelt_or_of_the_wrong_type_is_named_before_loading(tmp_path, no_model_load):
+    """A scorer's options are part of the run key: a typo ignored, or a type that fails every prompt's score after
+    the run, would cost a re-measurement of everything once fixed."""
+    common = ("model=tiny_llama", "data=humaneval", f"runner.records_dir={tmp_path}")
+    cases = {"+data.scorer.timeout=30": r"^data\.scorer\.timeout: unknown option of scorer 'humaneval_pass' \(did "
+                                        r"you mean 'timeout_s'\?\); valid: .*isolate_network, memory_mb, stop, "
+                                        r"timeout_s$",
+             "data.scorer.timeout_s=abc": r"^data\.scorer\.timeout_s: must be a number, got 'abc'",
+             "data.scorer.isolate_network=1": r"^data\.scorer\.isolate_network: must be true or false, got 1"}
+    for override, message in cases.items():
+        with pytest.raises(ConfigError, match=message):
+            benchmark.run(composed(*common, override))
+    with pytest.raises(ConfigError, match=r"^data\.scorer\.use_stemer: unknown option of scorer 'rouge_l' \(did"):
+        benchmark.run(composed("model=tiny_llama", "data=alpaca", f"runner.records_dir={tmp_path}",
+                               "+data.scorer.use_stemer=false"))
+
+
 # -- runner.records_dir ------------------------------------------------------------------------------------------
 
 def test_records_dir_that_is_a_file_or_under_a_file_is_named(tmp_path, no_model_load):
@@ -245,6 +267,16 @@ def test_records_dir_that_is_a_file_or_under_a_file_is_named(tmp_path, no_model_
         with pytest.raises(ConfigError) as caught:
             benchmark.run(composed("model=tiny_llama", f"runner.records_dir={where}"))
         assert str(caught.value).startswith(f"runner.records_dir: {said}; pass runner.records_dir="), str(caught.value)
+
+
+def test_an_empty_records_dir_is_refused_and_a_tilde_is_the_home_everywhere(tmp_path, monkeypatch, no_model_load):
+    """'' would write records into the current directory; '~/recs' was probed under $HOME but written to ./~/recs."""
+    with pytest.raises(ConfigError, match=r"^runner\.records_dir: is empty .*; pass runner\.records_dir="):
+        benchmark.run(composed("model=tiny_llama", "runner.records_dir=''"))
+    monkeypatch.setenv("HOME", str(tmp_path))
+    cfg = composed("model=tiny_llama", "runner.records_dir='~/recs'")
+    check_settings(cfg)
+    assert components.spec_for(cfg, cfg.method).store.path.is_relative_to(tmp_path / "recs")
 
 
 def test_records_dir_without_write_permission_is_named(tmp_path, monkeypatch, no_model_load):
@@ -360,6 +392,9 @@ def test_write_json_uses_a_temporary_file_of_its_own(tmp_path):
     (tmp_path / "run.summary.json.tmp").mkdir()  # the old fixed temporary name is taken
     write_json(path, {"tok_per_s": 1.0})
     assert json.loads(path.read_text()) == {"tok_per_s": 1.0}
+    records = tmp_path / "records.jsonl"
+    records.write_text("")  # as the records are made: open() under this process's umask
+    assert path.stat().st_mode & 0o777 == records.stat().st_mode & 0o777  # a summary others may read as well
 
 
 def test_concurrent_write_json_never_fails_and_leaves_one_whole_file(tmp_path):

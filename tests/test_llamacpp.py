@@ -212,7 +212,11 @@ def test_bad_backend_settings_fail_before_any_model_loads(tmp_path):
 def test_auto_runs_a_method_llamacpp_cannot_run_on_transformers_and_says_why(tmp_path):
     """model.backend=auto is the fastest backend that runs the run's methods: hf_assisted (transformers' generate())
     on a GGUF pair goes to transformers with a line saying why, instead of refusing; greedy still gets llama.cpp."""
-    from .conftest import run_cli
+    from hydra import compose, initialize_config_dir
+
+    from specbench.run.components import spec_for
+
+    from .conftest import ROOT, run_cli
 
     records = tmp_path / "records"
     proc = run_cli("model=tiny_gguf", "model.backend=auto", "method=hf_assisted", "data=humaneval", "data.limit=1",
@@ -220,6 +224,11 @@ def test_auto_runs_a_method_llamacpp_cannot_run_on_transformers_and_says_why(tmp
     assert "model.backend: auto -> transformers: method=hf_assisted does not run on llamacpp" in proc.stderr
     record = json.loads(next(records.rglob("hf_assisted-*.jsonl")).read_text().splitlines()[0])
     assert record["env"]["precision"]["dtype"] == "float32" and record["model_info"].get("backend") is None
+    # the report names the run from the same overrides as the CLI did (it found none when only the CLI fitted auto)
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        cfg = compose("config", overrides=["model=tiny_gguf", "model.backend=auto", "method=hf_assisted",
+                                           "data=humaneval", "data.max_new_tokens=8", f"runner.records_dir={records}"])
+    assert spec_for(cfg, cfg.method).key == record["run_key"] and spec_for(cfg, cfg.method).store.path.exists()
     proc = run_cli("model=tiny_gguf", "model.backend=auto", "method=greedy", "data=humaneval", "data.limit=1",
                    "data.max_new_tokens=8", records_dir=records)
     assert "auto -> transformers" not in proc.stderr

@@ -49,3 +49,13 @@ def test_an_older_line_loads_and_keeps_what_this_version_does_not_know(tmp_path)
     assert record.proposed == [] and record.pairing is None and record.round is None
     assert record.other == {"legacy_field": {"kept": True}}
     assert record.to_dict()["legacy_field"] == {"kept": True}
+
+
+def test_a_line_of_valid_json_that_is_no_record_is_skipped_like_a_corrupted_one(tmp_path):
+    """A hand-edited or damaged file: ``null``, a list, a record whose pairing is not an object. Each is skipped
+    (its prompt is redone), never an AttributeError on every later run and report."""
+    good = {"run_key": "k", "prompt_id": "p", "repeat": 0, "new_tokens": 2, "wall_s": 1.0, "output_ids": [1, 2]}
+    path = tmp_path / "r.jsonl"
+    bad = ["null", "[1, 2]", '"text"', json.dumps({**good, "prompt_id": "q", "pairing": "oops"}), "{not json"]
+    path.write_text("\n".join([*bad, json.dumps(good)]) + "\n")
+    assert RecordStore(path).load() == [good]

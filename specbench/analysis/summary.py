@@ -88,6 +88,17 @@ class Summary(Verdicts, total=False):
 SUMMARY_KEYS = Summary.__required_keys__ | Summary.__optional_keys__
 
 
+def numeric_keys() -> set[str]:
+    """The summary's numbers (an int or float, or None where not measured): what ``objective`` may name."""
+    import typing
+
+    def numeric(annotation) -> bool:
+        kinds = typing.get_args(annotation) or (annotation,)
+        return any(k in (int, float) for k in kinds) and bool not in kinds
+
+    return {key for key, annotation in typing.get_type_hints(Summary).items() if numeric(annotation)}
+
+
 def undeclared(summary: dict) -> set[str]:
     """Keys of ``summary`` that ``Summary`` does not declare (a number added without saying what it is)."""
     return set(summary) - SUMMARY_KEYS

@@ -128,10 +128,11 @@ def method_classes(node) -> list[type]:
     return found
 
 
-def fit_auto_backend(cfg):
+def fit_auto_backend(cfg, say: bool = True):
     """``cfg`` with ``model.backend: auto`` made ``transformers`` where auto's first choice (llama.cpp) cannot run
     the measured method, its baseline or a method nested in them (their classes' ``backends``), with one line saying
-    why; ``cfg`` itself otherwise. The run is then named, resumed and reported as a transformers run (it is one)."""
+    why (``say``); ``cfg`` itself otherwise. The run is then named, resumed and reported as a transformers run (it
+    is one): ``spec_for`` names every run through it, so the report finds what the CLI wrote."""
     from omegaconf import OmegaConf
 
     if cfg.model.get("backend") != "auto":
@@ -142,9 +143,10 @@ def fit_auto_backend(cfg):
                     if chosen.name not in getattr(cls, "backends", (chosen.name,))]  # a class not saying: anywhere
         if refusing:
             reason = getattr(refusing[0], "backend_reason", "") or f"its class runs on {refusing[0].backends}"
-            print(f"[specbench] model.backend: auto -> transformers: {role}={OmegaConf.select(cfg, role + '.name')} "
-                  f"does not run on {chosen.name} ({reason}); methods that run there get {chosen.name} under auto",
-                  file=sys.stderr)
+            if say:
+                name = OmegaConf.select(cfg, role + ".name")
+                print(f"[specbench] model.backend: auto -> transformers: {role}={name} does not run on {chosen.name} "
+                      f"({reason}); methods that run there get {chosen.name} under auto", file=sys.stderr)
             break
     else:
         return cfg

@@ -178,7 +178,15 @@ def check_buckets(buckets, key: str) -> tuple[int, ...]:
 
 def resolve_attention(attn_implementation: str | None, device: str | torch.device) -> str | None:
     """``model.attn_implementation``: auto -> sdpa on CUDA, transformers' default (None) elsewhere; null:
-    transformers' default; any other name as given (transformers checks it when the weights load)."""
+    transformers' default; any other name as given, if transformers knows it (its registered attention functions,
+    or a hub kernel ``org/repo``): checked here, before the weights load."""
+    if attn_implementation not in ("auto", None, "eager", "sdpa") and "/" not in str(attn_implementation):
+        from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+        known = {"auto", "eager", *ALL_ATTENTION_FUNCTIONS.valid_keys()}
+        require(attn_implementation in known, "model.attn_implementation",
+                f"unknown attention implementation {attn_implementation!r}; valid: {', '.join(sorted(known))}, "
+                "null (transformers' default) or a hub kernel 'org/repo'")
     if attn_implementation != "auto":
         return attn_implementation
     return "sdpa" if torch.device(device).type == "cuda" else None

@@ -47,6 +47,8 @@ class RecordStore:
                     record = json.loads(line)
                 except json.JSONDecodeError:
                     continue  # a corrupted line is skipped, never fatal; its prompt is redone
+                if not is_record(record):
+                    continue  # valid JSON but no record (null, a list, a pairing that is not an object): likewise
                 key = record_identity(record)
                 if key not in seen:  # a duplicate (two writers without the lock) counts once: the first
                     seen.add(key)
@@ -102,6 +104,11 @@ class RecordStore:
             raise StorageError(f"cannot append a record to {self.path} ({exc.strerror or exc}); "
                                "the records before it are intact: free the space (or fix the disk) and re-run the "
                                "same command to resume") from exc
+
+
+def is_record(line) -> bool:
+    """A stored line a run can read: an object whose ``pairing`` (what its identity reads) is an object or absent."""
+    return isinstance(line, dict) and isinstance(line.get("pairing") or {}, dict)
 
 
 def record_identity(record: dict) -> tuple:

@@ -35,6 +35,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from . import components
 from .config_types import Range, describe, problem
+from ..analysis.summary import numeric_keys
 from ..environment import check_threads
 from ..errors import ConfigError, require
 from ..backends.choice import backend_of_config
@@ -131,6 +132,9 @@ def check_settings(cfg: DictConfig) -> None:
         if key in cfg:
             message = problem(plain(cfg, key), TOP_LEVEL[key])
             require(message is None, key, message or "")
+    if cfg.get("objective") is not None:  # what an optimising sweeper reads: checked before the first job runs
+        objectives = numeric_keys()
+        require(cfg.objective in objectives, "objective", unknown(cfg.objective, objectives, "summary number"))
     check_schema(plain(cfg, "runner"), RunnerConfig, "runner")
     check_threads(cfg.runner.threads, cfg.runner.get("oversubscribe", False))
     if cfg.get("engine") is not None:
@@ -290,8 +294,10 @@ def construct(node: DictConfig, key: str, **kwargs):
 
 def check_records_dir(path) -> None:
     """``runner.records_dir`` must be a directory this process can create files in (checked with a probe file)."""
-    directory = Path(str(path)).expanduser()
     fix = "pass runner.records_dir=<a writable directory>"
+    require(path is not None and str(path).strip(), "runner.records_dir",
+            f"is empty (records would go into the current directory); {fix}")
+    directory = Path(str(path)).expanduser()
     require(not directory.exists() or directory.is_dir(), "runner.records_dir",
             f"'{directory}' is a file, not a directory; {fix}")
     try:

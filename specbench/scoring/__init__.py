@@ -20,11 +20,29 @@ def get_scorer(name: str) -> Scorer:
     return REGISTRY[name]
 
 
+def check_options(scorer: Scorer, options: dict) -> None:
+    """Each option a keyword parameter of the scorer's function (after ``outputs, example``), of its annotated type:
+    a misspelt option or a wrong type is a ConfigError when the dataset is built (before any model loads), not an
+    option silently ignored or a score failed on every prompt after the whole run (the scorer's options are part of
+    the run key, so fixing one re-measures everything)."""
+    from ..run.config_check import parameters, unknown
+    from ..run.config_types import problem
+
+    accepted = dict(list(parameters(scorer.fn).items())[2:])
+    for key, value in options.items():
+        if key not in accepted:
+            raise ConfigError(f"data.scorer.{key}: " + unknown(key, accepted, f"option of scorer {scorer.name!r}"))
+        bad = accepted[key].annotation is not None and problem(value, accepted[key].annotation)
+        if bad:
+            raise ConfigError(f"data.scorer.{key}: {bad}")
+
+
 class BoundScorer:
     """A registered scorer with the options from a dataset's YAML (``scorer: {name: ..., **options}``)."""
 
     def __init__(self, name: str, **options: Any):
         self.scorer = get_scorer(name)
+        check_options(self.scorer, options)
         self.options = options
 
     @property

@@ -153,7 +153,7 @@ def _require(row: dict, fields: tuple[str, ...], example_id: str) -> None:
 
 @register("humaneval_pass", primary="pass@1", aggregate=mean_percent(**{"pass@1": "pass"}))
 def humaneval_pass(outputs: list[str], example, stop=HUMANEVAL_STOP, timeout_s: float = 10.0,
-                   memory_mb: int = 1024, isolate_network: bool = True, **_) -> dict:
+                   memory_mb: int = 1024, isolate_network: bool = True) -> dict:
     row = example.row
     _require(row, ("prompt", "test", "entry_point"), example.id)
     program = humaneval_program(row["prompt"], outputs[-1], row["test"], row["entry_point"], stop)
@@ -162,7 +162,7 @@ def humaneval_pass(outputs: list[str], example, stop=HUMANEVAL_STOP, timeout_s: 
 
 @register("mbpp_pass", primary="pass@1", aggregate=mean_percent(**{"pass@1": "pass"}))
 def mbpp_pass(outputs: list[str], example, stop=MBPP_STOP, timeout_s: float = 10.0, memory_mb: int = 1024,
-              isolate_network: bool = True, **_) -> dict:
+              isolate_network: bool = True) -> dict:
     row = example.row
     _require(row, ("test_list",), example.id)
     setup = row.get("test_setup_code") or ""

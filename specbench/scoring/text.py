@@ -51,7 +51,7 @@ def gsm8k_reference(answer: str) -> Decimal | None:
 
 
 @register("gsm8k_exact_match", primary="accuracy", aggregate=mean_percent(accuracy="correct"))
-def gsm8k_exact_match(outputs: list[str], example, **_) -> dict:
+def gsm8k_exact_match(outputs: list[str], example) -> dict:
     expected = gsm8k_reference(str(example.reference))
     if expected is None:
         raise ValueError(f"no number in the reference of {example.id}")
@@ -73,14 +73,14 @@ def _rouge_aggregate(values: list[dict]) -> dict:
 
 
 @register("rouge", primary="rouge1", aggregate=_rouge_aggregate)
-def rouge(outputs: list[str], example, types=("rouge1", "rouge2", "rougeL"), use_stemmer: bool = True, **_) -> dict:
+def rouge(outputs: list[str], example, types=("rouge1", "rouge2", "rougeL"), use_stemmer: bool = True) -> dict:
     """ROUGE F-measures against the reference (rouge-score, Porter stemming); the summary prints percent."""
     scores = _rouge(tuple(types), use_stemmer).score(str(example.reference), outputs[-1])
     return {k: scores[k].fmeasure for k in types}
 
 
 @register("rouge_l", primary="rougeL", aggregate=_rouge_aggregate)
-def rouge_l(outputs: list[str], example, use_stemmer: bool = True, **_) -> dict:
+def rouge_l(outputs: list[str], example, use_stemmer: bool = True) -> dict:
     return rouge(outputs, example, types=("rougeL",), use_stemmer=use_stemmer)
 
 
@@ -107,7 +107,7 @@ def _bleu_aggregate(values: list[dict]) -> dict:
 
 
 @register("bleu", primary="bleu", aggregate=_bleu_aggregate)
-def bleu(outputs: list[str], example, tokenize: str = "13a", **_) -> dict:
+def bleu(outputs: list[str], example, tokenize: str = "13a") -> dict:
     """Per prompt: sentence BLEU and the n-gram statistics that corpus BLEU sums (sacrebleu)."""
     hypothesis, reference = outputs[-1].strip(), str(example.reference)
     stats = _bleu(tokenize)._extract_corpus_statistics([hypothesis], [[reference]])[0]
@@ -116,6 +116,6 @@ def bleu(outputs: list[str], example, tokenize: str = "13a", **_) -> dict:
 
 
 @register("none", primary=None, aggregate=lambda values: {})
-def not_scored(outputs: list[str], example, **_) -> None:
+def not_scored(outputs: list[str], example, reason: str = "no automatic metric") -> None:
     """No automatic metric (e.g. MT-Bench without a judge): reported as not scored, never as a number."""
     return None
