@@ -16,6 +16,7 @@ from .head_accounts import keep_head_accounts
 from ..instantiate import build
 from ..errors import ConfigError
 from ..models.heads.artifact import located, recorded_sha256
+from ..backends.choice import fit_auto_backend
 from ..backends.execution import model_identity
 from ..records.store import run_key
 from ..retrieval.datastore import recorded_sha256 as datastore_sha256
@@ -50,10 +51,12 @@ def spec_for(cfg: DictConfig, method_cfg: DictConfig, engine=None) -> RunSpec:
     method never mix in one run. The baseline's run has no pairing mode: its file holds its records timed
     alone and one per round it was paired in (each labelled), and every mode reads the ones it needs.
     """
+    engine = engine or engine_of(cfg)
+    if getattr(engine, "name", "hf") == "hf":  # auto's backend as the run resolves it (the CLI's fit, said there)
+        cfg = fit_auto_backend(cfg, say=False)
     data = OmegaConf.to_container(cfg.data, resolve=True)
     data.pop("limit", None)
     method = method_as_recorded(OmegaConf.to_container(method_cfg, resolve=True))
-    engine = engine or engine_of(cfg)
     model = OmegaConf.to_container(cfg.model, resolve=True)
     if getattr(engine, "name", "hf") != "hf":  # model.backend is how our own loops run; other engines load their own
         model["backend"] = "transformers"
@@ -71,7 +74,7 @@ def spec_for(cfg: DictConfig, method_cfg: DictConfig, engine=None) -> RunSpec:
     if engine_identity:  # engine=hf adds nothing: runs measured before engines existed keep their keys
         identity.update(engine_identity)
     return RunSpec(key=run_key(identity), method=method_cfg.name, pair=cfg.model.name, data=cfg.data.name,
-                   records_dir=Path(cfg.runner.records_dir))
+                   records_dir=Path(cfg.runner.records_dir).expanduser())  # as check_records_dir probed it
 
 
 @dataclass
@@ -93,7 +96,7 @@ def run_inputs(cfg: DictConfig, engine=None) -> RunInputs:
     the accounts of the heads it names, run/head_accounts.py) and the tracker: the setup every engine's ``measure``
     shares (each then checks the resolution with its own precision, loads and runs)."""
     threads = resolved_threads(cfg)
-    protect_path(cfg.runner.records_dir)  # sandboxed model-written code may not read the records
+    protect_path(Path(cfg.runner.records_dir).expanduser())  # sandboxed model-written code may not read them
     dataset = build(cfg.data, "data")
     base_spec, config = spec_for(cfg, cfg.baseline, engine), record_config(cfg)
     # each trained head the records will name: its training and evaluation files beside them (the baseline's run
