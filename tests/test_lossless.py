@@ -105,6 +105,42 @@ def test_the_tolerance_grows_with_the_block_and_rests_on_the_pair_statistic():
     assert profile.tolerance(300) == profile.tolerance(None) == pytest.approx(1.5 * 0.3)  # beyond: every size's
 
 
+def test_a_check_over_more_positions_or_deeper_than_calibrated_is_judged_on_an_extended_calibration(monkeypatch):
+    """A tolerance is 1.5x the largest of the calibration's samples, and the largest of more samples is larger: a
+    correct tiny-model run (speculative, 2,937 tokens) was a MISMATCH by the agreement check at 1.56x a tolerance
+    from 384 samples. A check failing on the full calibration over more positions than it sampled, or twice as deep,
+    is judged on the full one extended to them (positions and depth rounded up to 256, within the cache the run
+    reserved); one it covers keeps the full calibration's verdict, and a bug beyond the extension stays one."""
+    from types import SimpleNamespace
+
+    from specbench.analysis import lossless
+
+    full = NoiseProfile(max_abs_diff=1.0, per_block={"causal-4": 1.0}, positions=384, pair_max={"causal-4": 1.0},
+                        pair_samples=384, version=2, depth=100)
+    measured = []
+
+    def extension(pair, threads, texts=None, extent=None):
+        measured.append(extent)
+        return NoiseProfile(max_abs_diff=2.0, per_block={"causal-4": 2.0}, positions=extent[0],
+                            pair_max={"causal-4": 2.0}, pair_samples=extent[0], version=2, depth=extent[1])
+
+    monkeypatch.setattr(lossless, "noise_profile", extension)
+    check = LosslessCheck(SimpleNamespace(reserved=0), threads=1)
+    check._profile = full
+    noise_beyond_the_full = lambda p: 2.0 > p.tolerance(4)  # noqa: E731  1.5 x 1.0 < 2.0 <= 1.5 x 2.0
+    judged = check._judged(noise_beyond_the_full, compared=2937, depth=3000)
+    assert measured == [(3072, 3328)] and judged.tolerance(4) == pytest.approx(3.0)
+    assert judged.positions == 384 + 3072 and judged.pair_samples == 384 + 3072 and judged.depth == 3328
+    assert check._judged(noise_beyond_the_full, compared=2937, depth=3000) is judged and len(measured) == 1  # once
+    assert check._judged(noise_beyond_the_full, compared=300, depth=150) is full  # covered: the full one decides
+    assert check._judged(noise_beyond_the_full, compared=10, depth=250).depth == 256  # deeper than twice: extended
+    assert measured[-1] == (64, 256)
+    assert check._judged(lambda p: 9.0 > p.tolerance(4), compared=2937, depth=3000).tolerance(4) < 9.0  # a bug
+    check.pair.reserved = 1000  # the run's caches hold 1,000 positions: the extension stays within them
+    assert check._extension(full, compared=2937, depth=990) == (999, 1000)
+    assert check._extension(full, compared=384, depth=200) is None
+
+
 def test_exact_tie_is_a_near_tie_and_a_wrong_token_a_mismatch(tied_pair, tmp_path, monkeypatch):
     monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path))
     prompt = [10, 11, 12, 13]

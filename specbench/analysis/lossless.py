@@ -35,7 +35,9 @@ room for its tail, not 4x the largest single-logit difference over the whole voc
 kernel, threads, torch, device and its name) under ``$SPECBENCH_CACHE/noise/``. A run first calibrates on the first
 text alone (a sixth of the cost; the full one takes minutes for a float32 1.5B target on one core): a largest value over
 fewer samples is never larger, so a check that passes under it passes under the full calibration, and only a check
-that does not pays for the full one (``LosslessCheck._passing``); the verdicts are the full calibration's.
+that does not pays for the full one (``LosslessCheck._passing``); the verdicts are the full calibration's. A check
+that fails on it over more positions than it sampled, or twice as deep, is judged on it extended to them
+(``LosslessCheck._extension``): the largest of more samples is larger.
 """
 from __future__ import annotations
 
@@ -78,6 +80,9 @@ NOISE_VERSION = 2  # 2: pair disagreements per block (1: the largest single-logi
 CONTINUATION = 64
 REFERENCES_KEPT = 64  # outputs whose recomputed rows check 4 keeps for repeats (64 rows of top-16 each)
 QUICK_TEXTS = 1  # a first calibration on the first text alone, enough to pass what passes (LosslessCheck._passing)
+# an extended calibration (LosslessCheck._extended) runs to a multiple of this many positions and context depth, so
+# that checks of nearby lengths share one (and its cache file)
+EXTEND_STEP = 256
 
 
 @dataclass
@@ -91,6 +96,20 @@ class NoiseProfile:
     pair_p999: dict = field(default_factory=dict)  # block -> its 99.9th percentile
     pair_samples: int = 0  # pair disagreements per block
     version: int = 1
+    depth: int | None = None  # the deepest context a sample was read at (prompt + positions; None: not recorded)
+
+    def merged(self, other: "NoiseProfile") -> "NoiseProfile":
+        """Both calibrations' samples as one: every largest value the larger of the two, the counts added (a 99.9th
+        percentile the larger of the two, an upper bound of the pooled one)."""
+        def larger(a: dict, b: dict) -> dict:
+            return {k: max(a.get(k, 0.0), b.get(k, 0.0)) for k in a.keys() | b.keys()}
+
+        return NoiseProfile(max_abs_diff=max(self.max_abs_diff, other.max_abs_diff),
+                            per_block=larger(self.per_block, other.per_block),
+                            positions=self.positions + other.positions, pair_max=larger(self.pair_max, other.pair_max),
+                            pair_p999=larger(self.pair_p999, other.pair_p999),
+                            pair_samples=self.pair_samples + other.pair_samples, version=self.version,
+                            depth=max(self.depth or 0, other.depth or 0))
 
     def tolerance(self, block: int | None) -> float:
         """The largest pair disagreement a correct forward that fed ``block`` tokens can show, with room for the tail:
@@ -171,7 +190,8 @@ def measure_noise(model, prompts: list[list[int]], positions: int = POSITIONS, b
     return NoiseProfile(max_abs_diff=max(per_block.values()), per_block=per_block, positions=positions * len(prompts),
                         pair_max={k: float(v.max()) for k, v in samples.items()},
                         pair_p999={k: float(v.quantile(0.999)) for k, v in samples.items()},
-                        pair_samples=min(len(v) for v in samples.values()), version=NOISE_VERSION)
+                        pair_samples=min(len(v) for v in samples.values()), version=NOISE_VERSION,
+                        depth=max(len(p) for p in prompts) + positions)
 
 
 def fingerprint(model) -> str:
@@ -199,8 +219,9 @@ def as_computed(record):
     return {key: as_computed(value) for key, value in record.items() if key not in CHOICE_KEYS}
 
 
-def noise_cache_path(pair, threads: int, texts: int | None = None) -> Path:
-    """``texts``: a calibration on the first ``texts`` calibration texts only (None: all of them)."""
+def noise_cache_path(pair, threads: int, texts: int | None = None, extent: tuple[int, int] | None = None) -> Path:
+    """``texts``: a calibration on the first ``texts`` calibration texts only (None: all of them); ``extent``:
+    the extended calibration of (positions, depth) (``extended_prompt``)."""
     from ..files import cache_root
 
     # the profile is the target's alone: what the pair says of its draft (loaded or not) must not split the cache
@@ -209,25 +230,45 @@ def noise_cache_path(pair, threads: int, texts: int | None = None) -> Path:
                 **({"execution": as_computed(pair.execution.as_record())} if pair.execution.static else {}),
                 "threads": threads, "torch": torch.__version__, "device": str(pair.device),
                 "device_name": device_name(pair.device), "weights": fingerprint(pair.target),
-                "calibration": NOISE_VERSION, **({} if texts is None else {"texts": texts})}
+                "calibration": NOISE_VERSION, **({} if texts is None else {"texts": texts}),
+                **({} if extent is None else {"positions": extent[0], "depth": extent[1]})}
     digest = hashlib.sha1(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:16]
     return cache_root() / "noise" / f"{pair.name}-{pair.dtype}-{digest}.json"
 
 
-def noise_profile(pair, threads: int, texts: int | None = None) -> NoiseProfile:
+def noise_profile(pair, threads: int, texts: int | None = None,
+                  extent: tuple[int, int] | None = None) -> NoiseProfile:
     """The pair's measured noise, from the cache or measured now (seconds to minutes on a CPU; outside any timed
-    region), on every calibration text or the first ``texts``."""
-    path = noise_cache_path(pair, threads, texts)
+    region), on every calibration text or the first ``texts``; with ``extent`` (positions, depth), one continuation
+    of that many positions ending that deep (``extended_prompt``)."""
+    path = noise_cache_path(pair, threads, texts, extent)
     if path.exists():
         return NoiseProfile(**json.loads(path.read_text()))
-    chosen = CALIBRATION_TEXTS[:texts]
-    print(f"[specbench] measuring the target's logit noise between one-token and block forwards ({pair.dtype}, "
-          f"{len(chosen)} of {len(CALIBRATION_TEXTS)} calibration texts); once per pair, dtype and machine",
-          file=sys.stderr)
-    prompts = [pair.encode(text) for text in chosen]  # as the runs encode them (the pair's template)
-    profile = measure_noise(pair, prompts)
+    if extent is None:
+        chosen = CALIBRATION_TEXTS[:texts]
+        print(f"[specbench] measuring the target's logit noise between one-token and block forwards ({pair.dtype}, "
+              f"{len(chosen)} of {len(CALIBRATION_TEXTS)} calibration texts); once per pair, dtype and machine",
+              file=sys.stderr)
+        profile = measure_noise(pair, [pair.encode(text) for text in chosen])  # as the runs encode them
+    else:
+        positions, depth = extent
+        print(f"[specbench] a check compared more positions, or deeper, than the logit noise was calibrated on: "
+              f"measuring it over {positions} positions up to {depth} tokens of context before judging "
+              f"({pair.dtype}); once per pair, dtype, machine and extent", file=sys.stderr)
+        profile = measure_noise(pair, [extended_prompt(pair, depth - positions)], positions=positions)
     write_json(path, asdict(profile))
     return profile
+
+
+def extended_prompt(pair, length: int) -> list[int]:
+    """A context of ``length`` tokens (at least one): the calibration texts, as the pair encodes them, one after
+    another and again until long enough."""
+    tokens = [t for text in CALIBRATION_TEXTS for t in pair.encode(text)]
+    return (tokens * (max(length, 1) // len(tokens) + 1))[:max(length, 1)]
+
+
+def round_up(n: int, step: int) -> int:
+    return -(-int(n) // step) * step
 
 
 def one_token_row(model, prefix: list[int]) -> torch.Tensor:
@@ -318,6 +359,7 @@ class LosslessCheck:
         self._profile: NoiseProfile | None = None
         self._first: NoiseProfile | None = None
         self._references: dict = {}  # check 4's recomputed rows of the latest outputs (repeats reuse them)
+        self._extended_profiles: dict[tuple[int, int], NoiseProfile] = {}  # (positions, depth) -> full + extension
 
     @property
     def profile(self) -> NoiseProfile:
@@ -338,10 +380,38 @@ class LosslessCheck:
             self._first = noise_profile(self.pair, self.threads, QUICK_TEXTS)
         return self._first
 
-    def _judged(self, fails) -> NoiseProfile:
-        """The first calibration under which ``fails(profile)`` is False, the full one at the latest."""
+    def _judged(self, fails, compared: int = 1, depth: int = 0) -> NoiseProfile:
+        """The first calibration under which ``fails(profile)`` is False: the quick one, the full one, then, for a
+        check of ``compared`` positions up to ``depth`` tokens of context beyond what the full one sampled, the full
+        one extended to them (``_extension``); the last of those that applies at the latest."""
         profile = self._passing()
-        return profile if profile is self._profile or not fails(profile) else self.profile
+        if profile is not self._profile and not fails(profile):
+            return profile
+        profile = self.profile
+        extent = self._extension(profile, compared, depth) if fails(profile) else None
+        if extent is None:
+            return profile
+        if extent not in self._extended_profiles:
+            self._extended_profiles[extent] = profile.merged(noise_profile(self.pair, self.threads, extent=extent))
+        return self._extended_profiles[extent]
+
+    def _extension(self, profile: NoiseProfile, compared: int, depth: int) -> tuple[int, int] | None:
+        """(positions, depth) of the calibration a failing check is judged on before it is called a bug, or None
+        when the full one covers it. A tolerance is 1.5x the largest of the calibration's samples, and the largest
+        of more samples is larger: a check over more positions than the calibration sampled (the agreement check on
+        a long output: 2,937 positions against 384 made a correct tiny-model run a MISMATCH) is judged on at least
+        as many; a context over twice as deep as any calibrated is calibrated that deep (a cache holds the run's
+        longest context, ``pair.reserved``, so the extension stays within it)."""
+        samples, deepest = profile.pair_samples, profile.depth or POSITIONS
+        if compared <= samples and depth <= 2 * deepest:
+            return None
+        positions = round_up(max(compared, POSITIONS), EXTEND_STEP) if compared > samples else POSITIONS
+        reach = round_up(max(depth, positions + 1), EXTEND_STEP)
+        capacity = getattr(self.pair, "reserved", 0)
+        if capacity:
+            reach = min(reach, capacity)
+            positions = min(positions, reach - 1)
+        return positions, reach
 
     @torch.inference_mode()
     def classify(self, prompt_ids: list[int], greedy, method) -> dict:
@@ -355,7 +425,9 @@ class LosslessCheck:
                     "reason": "a token its own forward did not rank first", "own_forward": own}
         result = first_difference(greedy.output_ids, method.output_ids)
         shared = result.get("index", len(method.output_ids))
-        profile = self._judged(lambda p: (agreement(greedy, method, shared, p) or {"ratio": 0})["ratio"] > 1)
+        compared = min(shared, len(greedy.evidence), len(method.evidence))
+        profile = self._judged(lambda p: (agreement(greedy, method, shared, p) or {"ratio": 0})["ratio"] > 1,
+                               compared, len(prompt_ids) + shared)
         agreed = agreement(greedy, method, shared, profile)
         if agreed is not None:
             agreed["calibration_positions"] = profile.positions
@@ -383,7 +455,7 @@ class LosslessCheck:
             gap_method, method_exact = 0.0, False
         block = theirs.block if theirs is not None else None
         gap = gap_greedy + gap_method
-        profile = self._judged(lambda p: gap > p.tolerance(block))
+        profile = self._judged(lambda p: gap > p.tolerance(block), 1, len(prompt_ids) + d + 1)
         tolerance = profile.tolerance(block)
         judged = dict(gap=gap, gap_greedy=gap_greedy, calibration_positions=profile.positions,
                       gap_method=gap_method if theirs is not None else None, exact=greedy_exact and method_exact,
@@ -413,6 +485,7 @@ class LosslessCheck:
         while len(self._references) > REFERENCES_KEPT:
             self._references.pop(next(iter(self._references)))
         samples = disagreements(references, method.evidence[d + 1:stop], first_index=d + 1)
-        profile = self._judged(lambda p: (worst_ratio(samples, p) or {"ratio": 0})["ratio"] > 1)
+        profile = self._judged(lambda p: (worst_ratio(samples, p) or {"ratio": 0})["ratio"] > 1, len(samples),
+                               len(prompt_ids) + stop)
         beyond = worst_ratio(samples, profile)
         return {**beyond, "calibration_positions": profile.positions} if beyond else None
