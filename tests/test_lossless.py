@@ -133,12 +133,49 @@ def test_a_check_over_more_positions_or_deeper_than_calibrated_is_judged_on_an_e
     assert judged.positions == 384 + 3072 and judged.pair_samples == 384 + 3072 and judged.depth == 3328
     assert check._judged(noise_beyond_the_full, compared=2937, depth=3000) is judged and len(measured) == 1  # once
     assert check._judged(noise_beyond_the_full, compared=300, depth=150) is full  # covered: the full one decides
-    assert check._judged(noise_beyond_the_full, compared=10, depth=250).depth == 256  # deeper than twice: extended
-    assert measured[-1] == (64, 256)
+    assert check._judged(noise_beyond_the_full, compared=1000, depth=1200) is judged  # covered by the longer one
     assert check._judged(lambda p: 9.0 > p.tolerance(4), compared=2937, depth=3000).tolerance(4) < 9.0  # a bug
+    fresh = LosslessCheck(SimpleNamespace(reserved=0), threads=1)
+    fresh._profile = full
+    assert fresh._judged(noise_beyond_the_full, compared=10, depth=250).depth == 256  # over twice as deep: extended
+    assert measured == [(3072, 3328), (64, 256)]
     check.pair.reserved = 1000  # the run's caches hold 1,000 positions: the extension stays within them
     assert check._extension(full, compared=2937, depth=990) == (999, 1000)
     assert check._extension(full, compared=384, depth=200) is None
+
+
+def test_an_extension_raises_no_tolerance_above_twice_the_full_calibrations():
+    """It is measured only when a check fails, by the code running then: a bug in the forward path it runs through
+    (shifted positions in a block forward) would read as noise of any size. Twice the full calibration's at most; a
+    block whose full calibration saw no noise at all gets none."""
+    full = NoiseProfile(max_abs_diff=1.0, per_block={}, positions=384, pair_max={"causal-4": 1.0, "tree-4": 0.0},
+                        pair_samples=384, version=2, depth=100)
+    buggy = NoiseProfile(max_abs_diff=9.0, per_block={}, positions=64, pair_max={"causal-4": 5.0, "tree-4": 5.0},
+                         pair_samples=64, version=2, depth=600)
+    capped = full.merged(buggy, cap=2.0)
+    assert capped.pair_max == {"causal-4": 2.0, "tree-4": 0.0} and capped.depth == 600
+    assert full.merged(buggy).pair_max == {"causal-4": 5.0, "tree-4": 5.0}
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_a_bug_in_the_forward_path_the_extension_runs_through_stays_a_mismatch(tiny_pairs, dtype, tmp_path,
+                                                                              monkeypatch):
+    """A 520-token prompt is over twice as deep as the full calibration: the failing check is judged on an
+    extension, measured while the planted bug (blocks fed at shifted positions) is active in the shared forward
+    path, so the extension reads the bug as noise. The cap keeps it a MISMATCH (it was a near-tie in bf16)."""
+    from .planted_bugs import shifted_positions
+
+    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path))
+    pair = tiny_pairs[dtype]
+    prompt = [(7 * i) % 250 + 3 for i in range(520)]
+    check = LosslessCheck(pair, threads=1)
+    assert check.profile.depth < 260  # the full calibration, measured by correct code
+    greedy = Greedy(pair, "greedy").generate(prompt, 24, set())
+    with shifted_positions():
+        buggy = SpeculativeDecoding(pair, "speculative", gamma=4).generate(prompt, 24, set())
+        verdict = check.classify(prompt, greedy, buggy)
+    assert verdict["verdict"] == MISMATCH, verdict
+    assert check._extended_profiles  # the extension was measured (and capped)
 
 
 def test_exact_tie_is_a_near_tie_and_a_wrong_token_a_mismatch(tied_pair, tmp_path, monkeypatch):

@@ -146,6 +146,10 @@ def test_reference_of_prefers_the_round_partner_then_the_first_repeat():
     ({"verdict": "MISMATCH", "check": "continuation", "index": 40, "divergence": 3, "against": "r1"}, "r1", 3,
      "MISMATCH"),
     ({"verdict": "MISMATCH", "check": "divergence", "index": 40, "against": "r1"}, "r1", 3, "unclassified"),
+    # the agreement check's MISMATCH stands against another greedy line too (identical ids: once an alone line
+    # became the unpaired reference it read as identical)
+    ({"verdict": "MISMATCH", "check": "agreement", "index": 7, "against": "r1"}, None, None, "MISMATCH"),
+    ({"verdict": "MISMATCH", "check": "own_forward", "index": 7, "against": "r1"}, "r7", 3, "MISMATCH"),
     ({"verdict": "near-tie", "index": 3, "against": "r7"}, "r1", 3, "unclassified"),  # checked against another
     ({"verdict": "near-tie", "index": 2, "against": "r1"}, "r1", 3, "unclassified"),  # another position
     ({"verdict": "error", "reason": "boom", "against": "r1"}, "r1", 3, "unclassified"),

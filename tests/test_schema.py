@@ -56,6 +56,7 @@ def test_a_line_of_valid_json_that_is_no_record_is_skipped_like_a_corrupted_one(
     (its prompt is redone), never an AttributeError on every later run and report."""
     good = {"run_key": "k", "prompt_id": "p", "repeat": 0, "new_tokens": 2, "wall_s": 1.0, "output_ids": [1, 2]}
     path = tmp_path / "r.jsonl"
-    bad = ["null", "[1, 2]", '"text"', json.dumps({**good, "prompt_id": "q", "pairing": "oops"}), "{not json"]
+    bad = ["null", "[1, 2]", '"text"', json.dumps({**good, "prompt_id": "q", "pairing": "oops"}), "{not json",
+           json.dumps({**good, "prompt_id": ["q"]}), json.dumps({**good, "pairing": {"round": {"id": 1}}})]
     path.write_text("\n".join([*bad, json.dumps(good)]) + "\n")
     assert RecordStore(path).load() == [good]

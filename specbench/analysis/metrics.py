@@ -164,13 +164,14 @@ def verdict_of(record: RunRecord, reference: RunRecord, divergence: int | None) 
     """The runner's recorded verdict, when it was made against this reference and agrees with what the ids show:
     identical (None), near-tie or MISMATCH. A MISMATCH found by a check other than the divergence's gap (a token its
     own forward did not rank first; rows beyond the noise of greedy's where both chose alike; past a near-tie, rows
-    beyond the noise of one-token rows along its own output: analysis/lossless.py) stands whatever the ids show.
+    beyond the noise of one-token rows along its own output: analysis/lossless.py) stands whatever the ids show
+    and whichever greedy record is the reference now.
     Otherwise ``unclassified`` (e.g. records compared with another baseline than the one they were checked against), so
     identical + near-ties + mismatches + unclassified add up to the prompts compared."""
     stored = record.lossless or {}
     same_reference = stored.get("against", reference.round) == reference.round
-    if same_reference and stored.get("verdict") == "MISMATCH" and stored.get("check") in STANDING_CHECKS:
-        return "MISMATCH"
+    if stored.get("verdict") == "MISMATCH" and stored.get("check") in STANDING_CHECKS:  # whichever greedy line
+        return "MISMATCH"  # the summary compares with: the method's own rows broke, not its ids
     if divergence is None:
         return None
     if not same_reference or stored.get("index") != divergence:

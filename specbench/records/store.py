@@ -107,8 +107,11 @@ class RecordStore:
 
 
 def is_record(line) -> bool:
-    """A stored line a run can read: an object whose ``pairing`` (what its identity reads) is an object or absent."""
-    return isinstance(line, dict) and isinstance(line.get("pairing") or {}, dict)
+    """A stored line a run can read: an object whose ``pairing`` is an object or absent, and whose identity
+    (``record_identity``) is made of plain values."""
+    if not isinstance(line, dict) or not isinstance(line.get("pairing") or {}, dict):
+        return False
+    return all(isinstance(v, (str, int, float, type(None))) for v in record_identity(line))
 
 
 def record_identity(record: dict) -> tuple:
