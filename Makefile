@@ -209,9 +209,10 @@ gpu-bundle: $(VENV_STAMP) ## The wheels make gpu-check needs on a bare CUDA mach
 	@du -sh $(GPU_BUNDLE); ls $(GPU_BUNDLE)
 
 gpu-check: ## On a CUDA machine: install a carried dist/gpu-bundle (if there), then the ten-minute GPU check -> runs/gpu-check/<device>/ (ARGS=--dry-run: its code on a CPU, tiny shapes)
-	if [ -d $(GPU_BUNDLE) ]; then $(GPU_PYTHON) -m pip install --target $(GPU_SITE) --no-index --no-deps --upgrade \
-		--quiet --no-compile --no-cache-dir $(GPU_BUNDLE)/*.whl; fi
-	PYTHONPATH=$(GPU_SITE)$${PYTHONPATH:+:$$PYTHONPATH} PYTHONUNBUFFERED=1 $(GPU_PYTHON) -m specbench.gpu_check $(ARGS)
+	# the bundle is installed by the check itself (--bundle: into GPU_SITE, on its path and its children's), so a
+	# machine without make runs the same: python3 -m specbench.gpu_check --bundle dist/gpu-bundle ...
+	PYTHONUNBUFFERED=1 $(GPU_PYTHON) -m specbench.gpu_check \
+		$(if $(wildcard $(GPU_BUNDLE)/*.whl),--bundle $(GPU_BUNDLE) --site $(GPU_SITE)) $(ARGS)
 
 clean: ## Remove the virtual environment and caches (not runs/, not the converted weights)
 	rm -rf $(VENV) .pytest_cache .hypothesis *.egg-info

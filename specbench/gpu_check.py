@@ -1,7 +1,7 @@
 """``make gpu-check``: ten minutes on a bare CUDA machine (torch and transformers, no network) that say whether our
 loop measures the method and not itself (issue 53).
 
-    python -m specbench.gpu_check [--out DIR] [--shapes vicuna-7b] [--dry-run]
+    python -m specbench.gpu_check [--out DIR] [--work DIR] [--bundle dist/gpu-bundle] [--budget-s 480] [--dry-run]
 
 Phases, each recorded with its seconds and ok / failed / skipped (a failure is written down and the next phase
 runs; nothing is lost if a later one is killed, results.json is rewritten after each):
@@ -144,7 +144,7 @@ def host_reads(target: Path, draft: Path, device: str, static_mode: str, work: P
 
     pair = load_pair(target, draft, device, "auto", static_mode)
     prompt = torch.randint(0, pair.vocab_size, (128,), generator=torch.Generator().manual_seed(5)).tolist()
-    pair.reserve(len(prompt) + 64)
+    pair.reserve(len(prompt) + 32 + 64)  # 32 new tokens, and the largest tree's 60 nodes past them: no cache grows
     head = random_head_dir(pair.target.config, "eagle", 0, work / "reads-head")
     rows = {}
     methods = methods_for(pair, Namespace(gamma=4, kind="eagle"), head)
@@ -187,7 +187,8 @@ def compiled_generate(target: Path, device: str, new_tokens: int, compile_: bool
     from .timing import Stopwatch
 
     dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
-    model = AutoModelForCausalLM.from_pretrained(target, dtype=dtype, attn_implementation="sdpa").to(device).eval()
+    model = AutoModelForCausalLM.from_pretrained(target, dtype=dtype, attn_implementation="sdpa",
+                                                 device_map=device).eval()  # straight onto the device
     ids = torch.randint(0, VOCAB, (1, 128), generator=torch.Generator().manual_seed(2)).to(device)
     settings = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
                     cache_implementation="static", pad_token_id=0)
@@ -257,15 +258,17 @@ def save(results: dict, out: Path) -> None:
     (out / "report.md").write_text(render(results))
 
 
-def cuda_tests(dry_run: bool):
+def cuda_tests(dry_run: bool, out: Path, timeout_s: float):
+    """tests/test_cuda_graphs.py on CUDA, its whole output kept in OUT/cuda_tests.log."""
     if dry_run:
         return None
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-m", "not slow", "tests/test_cuda_graphs.py"],
                           env={**os.environ, "SPECBENCH_TEST_DEVICE": "cuda"}, capture_output=True, text=True,
-                          timeout=300)
+                          timeout=max(timeout_s, 30))
+    (out / "cuda_tests.log").write_text(done.stdout + done.stderr)
     tail = (done.stdout + done.stderr)[-3000:]
     if done.returncode:
-        raise RuntimeError(f"pytest exited {done.returncode}:\n{tail}")
+        raise RuntimeError(f"pytest exited {done.returncode} ({out / 'cuda_tests.log'}):\n{tail}")
     return {"summary": tail.strip().splitlines()[-1] if tail.strip() else ""}
 
 
@@ -284,13 +287,36 @@ def step_costs(target: Path, draft: Path, device: str, out: Path, dry_run: bool)
     return measured
 
 
+def use_bundle(bundle: Path, site: Path) -> None:
+    """Install the bundle's wheels into ``site`` (no index, no dependencies) and put it first on this process's path
+    and its children's (the CUDA tests' pytest): what ``make gpu-check`` does, for a machine without make."""
+    wheels = sorted(str(w) for w in bundle.glob("*.whl"))
+    if not wheels:
+        sys.exit(f"error: --bundle {bundle}: no wheels there (make gpu-bundle writes them)")
+    subprocess.run([sys.executable, "-m", "pip", "install", "--target", str(site), "--no-index", "--no-deps",
+                    "--upgrade", "--quiet", "--no-compile", "--no-cache-dir", *wheels], check=True)
+    sys.path.insert(0, str(site))
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH")) if p)
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(prog="python -m specbench.gpu_check", description=__doc__.split("\n")[0])
     parser.add_argument("--out", help="results folder (default runs/gpu-check/<device>)")
     parser.add_argument("--shapes", default=None, choices=sorted(PAIRS), help="default vicuna-7b (tiny: --dry-run)")
     parser.add_argument("--work", default=None, help="where the random checkpoints go (default OUT/checkpoints)")
     parser.add_argument("--dry-run", action="store_true", help="on a CPU, tiny shapes, no graphs or compile (CI)")
+    parser.add_argument("--bundle", default=None,
+                        help="a folder of wheels (make gpu-bundle) to install into --site first and put on the path: "
+                             "the check without make")
+    parser.add_argument("--site", default="/tmp/specbench-gpu-site", help="where --bundle installs (%(default)s)")
+    parser.add_argument("--budget-s", type=float, default=480,
+                        help="seconds for all phases: a phase not started by then is skipped (recorded), the CUDA "
+                             "tests' pytest gets what is left (default 480)")
     args = parser.parse_args(argv)
+    if args.bundle:
+        use_bundle(Path(args.bundle), Path(args.site))
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # no network there: a stray hub call fails at once, never hangs
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # the output's tail is what comes back
     cuda = torch.cuda.is_available()
     if not cuda and not args.dry_run:
         sys.exit("error: gpu-check needs a CUDA device (torch.cuda.is_available() is False); --dry-run runs its code "
@@ -300,7 +326,7 @@ def main(argv=None) -> None:
     name = torch.cuda.get_device_name() if device == "cuda" else "cpu"
     out = Path(args.out or Path("runs/gpu-check") / name.lower().replace(" ", "-"))
     out.mkdir(parents=True, exist_ok=True)
-    work = Path(args.work) if args.work else out / "checkpoints"
+    work = Path(args.work) if args.work else Path("/tmp/specbench-gpu-check")  # 13.5 GB: not in the results
     import transformers
 
     results = {"device": name, "dry_run": args.dry_run, "shapes": shapes, "torch": torch.__version__,
@@ -324,14 +350,21 @@ def main(argv=None) -> None:
         weight_bytes = parameters(target_shape) * (2 if device == "cuda" else 4)  # bf16 on CUDA
         return {"copy_gb_per_s": gbps, "target_bytes": weight_bytes, "floor_ms": weight_bytes / gbps / 1e6}
 
-    phases = [("checkpoints", checkpoints), ("cuda_tests", lambda: cuda_tests(args.dry_run)),
+    deadline = time.perf_counter() + args.budget_s
+    # the CUDA tests last: they ran on an H200 before, the new measurements did not, and they take what time is left
+    phases = [("checkpoints", checkpoints), ("bandwidth", bandwidth),
               ("logits", lambda: logits_parity(target, draft, device, static_mode)),
               ("host_reads", lambda: host_reads(target, draft, device, static_mode, work)),
               ("step_costs", lambda: step_costs(target, draft, device, out, args.dry_run)),
-              ("bandwidth", bandwidth),
               ("compiled_generate", lambda: compiled_generate(target, device, 16 if args.dry_run else 128,
-                                                              compile_=not args.dry_run))]
+                                                              compile_=not args.dry_run)),
+              ("cuda_tests", lambda: cuda_tests(args.dry_run, out, deadline - time.perf_counter()))]
     for phase, work_fn in phases:
+        if time.perf_counter() > deadline:
+            results["phases"][phase] = {"status": "skipped", "reason": f"--budget-s {args.budget_s:g} spent"}
+            save(results, out)
+            print(f"[gpu-check] {phase}: skipped (budget spent)", flush=True)
+            continue
         run_phase(results, phase, out, work_fn)
         if device == "cuda":
             torch.cuda.empty_cache()

@@ -2,6 +2,7 @@
 judging of issue 53's targets, its refusal without CUDA, and ``make gpu-bundle`` (the wheels a bare CUDA machine
 lacks)."""
 import json
+import os
 import subprocess
 import sys
 import zipfile
@@ -20,9 +21,11 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_the_dry_run_runs_every_phase_on_the_tiny_shapes_and_writes_a_report(tmp_path):
     out = tmp_path / "check"
-    done = subprocess.run([sys.executable, "-m", "specbench.gpu_check", "--dry-run", "--out", str(out)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=generous(600))
+    done = subprocess.run([sys.executable, "-m", "specbench.gpu_check", "--dry-run", "--out", str(out), "--work",
+                           str(tmp_path / "checkpoints")], cwd=ROOT, capture_output=True, text=True,
+                          timeout=generous(600))
     assert done.returncode == 0, done.stderr[-3000:]
+    assert "static cache grown" not in done.stderr  # every cache reserved before its phase (a 7B recaptures ~39)
     results = json.loads((out / "results.json").read_text())
     statuses = {phase: row["status"] for phase, row in results["phases"].items()}
     assert statuses == {"checkpoints": "ok", "cuda_tests": "skipped", "logits": "ok", "host_reads": "ok",
@@ -83,3 +86,31 @@ def test_the_bundle_holds_python_3_12_wheels_of_what_a_bare_cuda_machine_lacks(t
         assert tag in ("py3", "py2.py3", "py312", "cp312"), wheel.name
         assert zipfile.ZipFile(wheel).testzip() is None
     assert sum(w.stat().st_size for w in wheels) < 64 << 20  # the device's carry limit, the repo besides
+    # --bundle installs them where the check and its pytest import them from (here: the pure-Python ones; the
+    # cp312 ones are for the device's Python)
+    pure = tmp_path / "pure"
+    pure.mkdir()
+    for wheel in wheels:
+        if wheel.name[:-4].split("-")[-3] in ("py3", "py2.py3"):
+            (pure / wheel.name).write_bytes(wheel.read_bytes())
+    site = tmp_path / "site"
+    probe = ("import os, sys; from specbench.gpu_check import use_bundle; from pathlib import Path; "
+             f"use_bundle(Path({str(pure)!r}), Path({str(site)!r})); import omegaconf, hydra; "
+             "print(omegaconf.__file__); print(os.environ['PYTHONPATH'])")
+    done = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True,
+                          timeout=generous(300))
+    assert done.returncode == 0, done.stderr[-3000:]
+    imported, path = done.stdout.split()
+    assert imported.startswith(str(site)) and path.split(os.pathsep)[0] == str(site)
+
+
+def test_a_spent_budget_skips_the_phases_left_and_says_so(tmp_path):
+    """One lent device, fifteen minutes in all: phases not started by --budget-s are recorded as skipped."""
+    out = tmp_path / "check"
+    done = subprocess.run([sys.executable, "-m", "specbench.gpu_check", "--dry-run", "--out", str(out), "--work",
+                           str(tmp_path / "checkpoints"), "--budget-s", "0"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=generous(120))
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = json.loads((out / "results.json").read_text())
+    assert {row["status"] for row in results["phases"].values()} == {"skipped"} and len(results["phases"]) == 7
+    assert "| logits | skipped (--budget-s 0 spent) |" in (out / "report.md").read_text()

@@ -23,7 +23,8 @@ def render(results: dict) -> str:
              f"{' --dry-run' if results.get('dry_run') else ''}`.", "", "## Phases", "",
              "| phase | status | seconds |", "|---|---|---|"]
     for phase, row in results.get("phases", {}).items():
-        status = row["status"] + (f": {row['error'].splitlines()[0][:160]}" if row.get("error") else "")
+        status = row["status"] + (f": {row['error'].splitlines()[0][:160]}" if row.get("error")
+                                  else f" ({row['reason']})" if row.get("reason") else "")
         lines.append(f"| {phase} | {status} | {row.get('seconds', '')} |")
     lines += ["", "## Targets (issue 53: bf16, graphs)", "", "| target | measured | limit | met |", "|---|---|---|---|"]
     for name, row in results.get("targets", {}).items():
