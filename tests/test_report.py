@@ -14,7 +14,7 @@ from omegaconf import OmegaConf
 from specbench.errors import ConfigError
 from specbench.report.experiment import expand_grid, load_experiment
 from specbench.report.render import render_experiment
-from specbench.report.tables import Entry, build_table, to_csv, to_latex, to_markdown
+from specbench.report.tables import Entry, build_table, latex_escape, to_csv, to_latex, to_markdown
 
 from .conftest import ROOT, run_cli
 from .forked import run_module
@@ -59,6 +59,9 @@ def test_table_marks_best_and_second_within_each_task_and_says_why_cells_are_mis
     tex = to_latex(table)
     assert r"\textbf{30.00 [28.00, 32.00]}" in tex and r"\underline{20.00 [18.00, 22.00]}" in tex
     assert r"\multicolumn{2}{c}{tiny}" in tex
+    table.notes = ["speed-up over identical work; 95% intervals; ‡ too little identical work", "paper: Table 2"]
+    tex = to_latex(table)  # the notes say what the columns are: kept under the table
+    assert all(latex_escape(note) in tex for note in table.notes) and tex.index("Table 2") < tex.index(r"\caption")
     csv_text = to_csv(table)
     assert "gsm8k,speculative,tiny,ours,tok_per_s,30.0" in csv_text and "paper,tok_per_s,15.33" in csv_text
 
@@ -97,6 +100,9 @@ def test_a_cell_over_too_little_identical_work_is_flagged_and_earns_no_mark():
     ours[1] = entry("g", "pld", "p", tok_per_s=20.0, interval=(18.0, 22.0), flagged=["tok_per_s"])
     cells = marks_of(ours)
     assert cells["speculative"].startswith("**") and cells["pld"] == "20.00 [18.00, 22.00] ‡"  # not underlined
+    ours[1] = entry("g", "pld", "p", tok_per_s=29.0, interval=(27.0, 31.0), flagged=["tok_per_s"])
+    cells = marks_of(ours)  # overlapping the best: the best is tied with it, but the unlike cell earns no ≈ either
+    assert cells["speculative"].endswith("≈") and cells["pld"] == "29.00 [27.00, 31.00] ‡"
 
 
 def test_repeats_print_mean_and_std():

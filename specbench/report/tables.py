@@ -239,8 +239,8 @@ def rank_marks(scored: list[tuple[float, object, Entry]], metric: str, higher: b
     if any(better(interval[id(x[2])], mine, higher) for x in others):  # a cell flagged unlike lies clearly above
         return {}
     overlapping = [x for x in others if not better(mine, interval[id(x[2])], higher)]
-    if overlapping:
-        return {x[1]: "tied" for x in [best, *overlapping]}
+    if overlapping:  # a cell flagged unlike keeps the best from its mark, and earns no mark itself
+        return {x[1]: "tied" for x in [best, *overlapping] if metric not in x[2].flagged}
     marks = {best[1]: "best"}
     rest = [x for x in eligible if x is not best]
     if rest:
@@ -315,7 +315,11 @@ def to_latex(table: Table) -> str:
     lines.append(" & ".join(latex_escape(h) for h in table.header) + r" \\")
     lines.append(r"\midrule")
     lines += [" & ".join(latex_cell(c) for c in r) + r" \\" for r in table.rows]
-    lines += [r"\bottomrule", r"\end{tabular}", rf"\caption{{{latex_escape(table.title)}}}", r"\end{table}"]
+    lines += [r"\bottomrule", r"\end{tabular}"]
+    # the notes say what the columns are (metric definitions, marks, ‡, sources, machine): a table without them
+    # would sit beside the paper's numbers unexplained
+    lines += [r"\par\smallskip{\footnotesize " + latex_escape(note) + "}" for note in table.notes]
+    lines += [rf"\caption{{{latex_escape(table.title)}}}", r"\end{table}"]
     return "\n".join(lines) + "\n"
 
 
