@@ -303,7 +303,8 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(prog="python -m specbench.gpu_check", description=__doc__.split("\n")[0])
     parser.add_argument("--out", help="results folder (default runs/gpu-check/<device>)")
     parser.add_argument("--shapes", default=None, choices=sorted(PAIRS), help="default vicuna-7b (tiny: --dry-run)")
-    parser.add_argument("--work", default=None, help="where the random checkpoints go (default OUT/checkpoints)")
+    parser.add_argument("--work", default="/tmp/specbench-gpu-check",
+                        help="where the random checkpoints go, 13.5 GB at the 7B shapes (%(default)s)")
     parser.add_argument("--dry-run", action="store_true", help="on a CPU, tiny shapes, no graphs or compile (CI)")
     parser.add_argument("--bundle", default=None,
                         help="a folder of wheels (make gpu-bundle) to install into --site first and put on the path: "
@@ -326,7 +327,7 @@ def main(argv=None) -> None:
     name = torch.cuda.get_device_name() if device == "cuda" else "cpu"
     out = Path(args.out or Path("runs/gpu-check") / name.lower().replace(" ", "-"))
     out.mkdir(parents=True, exist_ok=True)
-    work = Path(args.work) if args.work else Path("/tmp/specbench-gpu-check")  # 13.5 GB: not in the results
+    work = Path(args.work)
     import transformers
 
     results = {"device": name, "dry_run": args.dry_run, "shapes": shapes, "torch": torch.__version__,

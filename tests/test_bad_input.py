@@ -18,7 +18,7 @@ from specbench import benchmark, environment
 from specbench.run import components
 from specbench.records import store as records
 from specbench.run.config_check import ConfigOnlyPair, check_components, check_settings, construct
-from specbench.run.config_types import Range, problem
+from specbench.config_types import Range, problem
 from specbench.errors import ConfigError, StorageError, positive_int
 from specbench.files import write_json
 from specbench.records.store import RecordStore

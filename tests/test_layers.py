@@ -1,7 +1,8 @@
 """The package's layers: each module belongs to one, and imports (lazy ones too, tests/test_imports.import_graph)
 only its own layer and those below. Lowest first:
 
-- base: errors and exit codes, where the configs are, clocks, the machine, files on disk, building a config node
+- base: errors and exit codes, checking a config value against its annotation, where the configs are, clocks, the
+  machine, files on disk, building a config node
 - data and scoring: prompts and how outputs are scored
 - backends: how forwards run (the language-model interface; transformers eager / static / graphs; llama.cpp)
 - models: model pairs, their loaders, draft heads
@@ -19,8 +20,9 @@ from __future__ import annotations
 from .test_imports import cycles, import_graph
 
 LAYERS = [  # (name, module prefixes), lowest first
-    ("base", ["specbench.errors", "specbench.conf_dir", "specbench.timing", "specbench.environment",
-              "specbench.files", "specbench.instantiate", "specbench.tracking", "specbench.paper_tables"]),
+    ("base", ["specbench.errors", "specbench.config_types", "specbench.conf_dir", "specbench.timing",
+              "specbench.environment", "specbench.files", "specbench.instantiate", "specbench.tracking",
+              "specbench.paper_tables"]),
     ("data and scoring", ["specbench.scoring", "specbench.data"]),
     ("backends", ["specbench.backends"]),
     ("models", ["specbench.models"]),

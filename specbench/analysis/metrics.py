@@ -142,11 +142,10 @@ def one_per_prompt(records) -> list[RunRecord]:
     return out
 
 
-def same_repeat(baseline, record: RunRecord) -> RunRecord | None:
-    """The baseline record of ``record``'s prompt and repeat (``one_per_prompt``'s), else its prompt's first repeat:
-    what an unpaired record's identical work is compared with."""
-    return next((b for b in one_per_prompt(baseline) if (b.prompt_id, b.repeat) == (record.prompt_id, record.repeat)),
-                None) or first_repeat(baseline, record.prompt_id)
+def same_repeat(candidates: list[RunRecord], record: RunRecord) -> RunRecord:
+    """Of a prompt's baseline records (one per repeat: ``one_per_prompt``), the one of ``record``'s repeat, else the
+    first repeat: what an unpaired record's identical work is compared with."""
+    return next((b for b in candidates if b.repeat == record.repeat), None) or min(candidates, key=lambda b: b.repeat)
 
 
 def reference_of(record: RunRecord, baseline: list[RunRecord], paired: dict | None) -> RunRecord | None:
@@ -430,7 +429,7 @@ def compare(records, baseline, exact: bool = True) -> dict:
         **lossless,
     }
     if exact:
-        out.update(over_identical_work([(r, same_repeat(baseline, r)) for pid in common for r in ours[pid]],
+        out.update(over_identical_work([(r, same_repeat(base[pid], r)) for pid in common for r in ours[pid]],
                                        paired=False))
     return out
 

@@ -17,7 +17,7 @@ from typing import Annotated, Literal
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from ..run.config_types import Range
+from ..config_types import Range
 from ..environment import affinity_cpus
 from ..errors import ConfigError, require
 

@@ -9,7 +9,7 @@ Two passes, both before a model pair is built (``benchmark.run`` calls them):
 then every node with a ``_target_`` (model, data, method, baseline, logger, and nested ones such as
 ``method.policy`` or ``data.components.*``) against its target's constructor: a key that is not a
 parameter is an error listing the valid ones, a missing required parameter is named, and each value is
-checked against the parameter's annotation (run/config_types.py: a bool must be a real bool, an int is never
+checked against the parameter's annotation (specbench/config_types.py: a bool must be a real bool, an int is never
 a bool, ...). Then the range and cross-field checks the constructors themselves make (γ >= 1, a
 greedy-only method at temperature 0, a DISCO classifier file that loads ...) run by *constructing* the
 data, method, baseline and logger once with a ``ConfigOnlyPair`` standing in for the model pair: method
@@ -21,7 +21,6 @@ real method is built. The pair's own values (dtype, device, linear kernel) are r
 """
 from __future__ import annotations
 
-import difflib
 import inspect
 import os
 import tempfile
@@ -34,7 +33,7 @@ from hydra.utils import get_object
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from . import components
-from .config_types import Range, describe, problem
+from ..config_types import Range, describe, problem, unknown
 from ..analysis.summary import numeric_keys
 from ..environment import check_threads
 from ..errors import ConfigError, require
@@ -186,13 +185,6 @@ def plain(cfg: DictConfig, key: str):
         return value
     except Exception as exc:  # noqa: BLE001 - omegaconf's resolution errors have many types
         raise ConfigError(f"{key}: cannot be resolved ({type(exc).__name__}: {str(exc).splitlines()[0]})") from None
-
-
-def unknown(name: str, valid, what: str) -> str:
-    """The message for a key that is not valid: the valid ones, and the closest if it looks like a typo."""
-    close = difflib.get_close_matches(name.rsplit(".", 1)[-1], list(valid), n=1)
-    hint = f" (did you mean '{close[0]}'?)" if close else ""
-    return f"unknown {what}{hint}; valid: {', '.join(sorted(valid))}"
 
 
 def check_schema(node, schema: type, key: str) -> None:

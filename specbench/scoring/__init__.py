@@ -8,13 +8,12 @@ the timing record is kept.
 """
 from __future__ import annotations
 
-import difflib
 import inspect
-import json
 import time
 import typing
 from typing import Any
 
+from ..config_types import problem, unknown
 from ..errors import ConfigError
 from .registry import REGISTRY, Scorer, mean_percent, register  # noqa: F401  (the package's names)
 
@@ -25,26 +24,19 @@ def get_scorer(name: str) -> Scorer:
 
 
 def check_options(scorer: Scorer, options: dict) -> None:
-    """Each option a keyword parameter of the scorer's function (after ``outputs, example``), of its type where that
-    is a plain bool / int / float / str: a misspelt option or a wrong type is a ConfigError when the dataset is built
-    (before any model loads), not an option silently ignored or a score failed on every prompt after the whole run
-    (the scorer's options are part of the run key, so fixing one re-measures everything)."""
+    """Each option a keyword parameter of the scorer's function (after ``outputs, example``), of its annotated type
+    (config_types.problem, as every config value is checked): a misspelt option or a wrong type is a ConfigError
+    when the dataset is built (before any model loads), not an option silently ignored or a score failed on every
+    prompt after the whole run (the scorer's options are part of the run key, so fixing one re-measures
+    everything)."""
     accepted = list(inspect.signature(scorer.fn).parameters)[2:]
     hints = typing.get_type_hints(scorer.fn)
     for key, value in options.items():
         if key not in accepted:
-            close = difflib.get_close_matches(key, accepted, n=1)
-            raise ConfigError(f"data.scorer.{key}: unknown option of scorer {scorer.name!r}"
-                              + (f" (did you mean '{close[0]}'?)" if close else "")
-                              + f"; valid: {', '.join(sorted(accepted))}")
-        kind = hints.get(key)
-        if kind in PLAIN_TYPES and not (isinstance(value, kind) and (kind is bool or not isinstance(value, bool))
-                                        or kind is float and isinstance(value, int) and not isinstance(value, bool)):
-            shown = json.dumps(value) if value is None or isinstance(value, bool) else repr(value)
-            raise ConfigError(f"data.scorer.{key}: must be {PLAIN_TYPES[kind]}, got {shown}")
-
-
-PLAIN_TYPES = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
+            raise ConfigError(f"data.scorer.{key}: " + unknown(key, accepted, f"option of scorer {scorer.name!r}"))
+        bad = key in hints and problem(value, hints[key])
+        if bad:
+            raise ConfigError(f"data.scorer.{key}: {bad}")
 
 
 class BoundScorer:

@@ -10,6 +10,7 @@ A value for another class (a dataset, a classifier) must be that object or a con
 from __future__ import annotations
 
 import collections.abc
+import difflib
 import json
 import types
 import typing
@@ -123,3 +124,10 @@ def problem(value, annotation) -> str | None:
         return None
     hint = " (quote it to pass a string: key='...')" if annotation is str and not isinstance(value, str) else ""
     return f"must be {describe(annotation)}, got {shown(value)}{hint}"
+
+
+def unknown(name: str, valid, what: str) -> str:
+    """The message for a key that is not valid: the valid ones, and the closest if it looks like a typo."""
+    close = difflib.get_close_matches(name.rsplit(".", 1)[-1], list(valid), n=1)
+    hint = f" (did you mean '{close[0]}'?)" if close else ""
+    return f"unknown {what}{hint}; valid: {', '.join(sorted(valid))}"
